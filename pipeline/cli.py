@@ -1,0 +1,168 @@
+"""``sluice`` — the command line: devstack, worker, producer, store and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from .settings import Settings, SettingsError, load_settings, settings_table
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        sys.exit(f"sluice: {exc}")
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from .devstack.kafka import DevstackError, KafkaDevstack
+
+    settings = _settings()
+    if settings.kafka_bootstrap_servers:
+        print(f"KAFKA_BOOTSTRAP_SERVERS is set ({settings.kafka_bootstrap_servers}); the devstack is not used")
+        return 0
+    devstack = KafkaDevstack(settings)
+    try:
+        if args.action == "start":
+            started = time.monotonic()
+            info, downloaded = devstack.start()
+            how = "downloaded jars" if downloaded else "cached jars"
+            print(f"kafka {info.version} running at {info.bootstrap} (pid {info.pid}, {how}, "
+                  f"{time.monotonic() - started:.1f}s)")
+        elif args.action == "stop":
+            print("kafka stopped" if devstack.stop() else "kafka was not running")
+        else:
+            state = devstack.status()
+            info = devstack.info()
+            print(f"kafka {state}" + (f" at {info.bootstrap} (pid {info.pid})" if info else ""))
+            return {"running": 0, "stopped": 3, "dead": 1}[state]
+    except DevstackError as exc:
+        print(f"sluice kafka {args.action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from .devstack.kafka import bootstrap_servers
+    from .topics import ensure_topics
+
+    settings = _settings()
+    created = asyncio.run(ensure_topics(settings, bootstrap_servers(settings)))
+    print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from .sinks.migrations import migrate
+    from .sinks.store import open_store
+
+    store = open_store(_settings())
+    try:
+        applied = migrate(store)
+    finally:
+        store.close()
+    print("applied: " + (", ".join(applied) if applied else "nothing (store is current)"))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from .agents import create_app
+    from .devstack.kafka import DevstackError, bootstrap_servers
+    from .topics import ensure_topics
+
+    settings = _settings()
+    try:
+        asyncio.run(ensure_topics(settings, bootstrap_servers(settings)))
+    except DevstackError as exc:
+        sys.exit(f"sluice worker: {exc}")
+    app = create_app(settings)
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from .devstack.kafka import bootstrap_servers
+    from .sim.producer import produce
+    from .sim.replay import Fleet, generate, load_trace
+    from .sim.specimens import bad_inputs
+
+    settings = _settings()
+    trace = load_trace(Path(args.trace) if args.trace else None)
+    fleet = Fleet(pools=tuple(args.pools.split(",")), replicas_per_pool=args.replicas_per_pool)
+    start_ms = int(time.time() * 1000)
+    events = generate(trace, args.rate, args.seconds, args.seed, start_ms, fleet)
+    catalogue = bad_inputs(settings.max_event_bytes)
+    bad = [catalogue[i % len(catalogue)] for i in range(args.bad)]
+    counts = asyncio.run(produce(settings, bootstrap_servers(settings), events, paced=not args.fast, bad=bad))
+    print(json.dumps({"requests": counts.requests, "replicas": counts.replicas, "bad": counts.bad,
+                      "total": counts.total, "bad_reasons": counts.bad_reasons}))
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(settings_table())
+    else:
+        print(json.dumps(_settings().redacted(), indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(_settings(), seconds=args.seconds, rate=args.rate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="local Apache Kafka (KRaft) for development and tests")
+    kafka.add_argument("action", choices=("start", "stop", "status"))
+    kafka.set_defaults(func=cmd_kafka)
+
+    sub.add_parser("topics", help="create every Sluice topic that is missing").set_defaults(func=cmd_topics)
+
+    db = sub.add_parser("db", help="ClickHouse store")
+    db.add_argument("action", choices=("migrate",))
+    db.set_defaults(func=cmd_db)
+
+    sub.add_parser("worker", help="run a pipeline worker (Faust)").set_defaults(func=cmd_worker)
+
+    produce = sub.add_parser("produce", help="replay the Azure trace as RequestEvents and ReplicaSamples")
+    produce.add_argument("--trace", help="trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled one")
+    produce.add_argument("--rate", type=float, default=20.0, help="requests per second (the trace is time-scaled)")
+    produce.add_argument("--seconds", type=float, default=60.0, help="seconds of traffic to generate")
+    produce.add_argument("--seed", type=int, default=1, help="seed for tasks, tenants, priorities and failures")
+    produce.add_argument("--pools", default="llama-70b-a,llama-8b-a", help="comma-separated pool names")
+    produce.add_argument("--replicas-per-pool", type=int, default=4)
+    produce.add_argument("--bad", type=int, default=0, help="also send this many invalid records (every category)")
+    produce.add_argument("--fast", action="store_true", help="send as fast as possible instead of in real time")
+    produce.set_defaults(func=cmd_produce)
+
+    settings = sub.add_parser("settings", help="show the effective settings (secrets masked)")
+    settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")
+    settings.set_defaults(func=cmd_settings)
+
+    demo = sub.add_parser("demo", help="start Kafka and a worker, replay the trace, report what landed")
+    demo.add_argument("--seconds", type=float, default=60.0)
+    demo.add_argument("--rate", type=float, default=20.0)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The demo a new user runs first: Kafka, a worker, a minute of the trace, and an account of every event."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+from .devstack.kafka import KafkaDevstack, bootstrap_servers
+from .settings import Settings
+from .worker_probe import scrape_counts, wait_healthy
+
+
+def _step(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def run_demo(settings: Settings, seconds: float, rate: float) -> int:
+    from .sim.producer import produce
+    from .sim.replay import generate, load_trace
+    from .sim.specimens import bad_inputs
+    from .sinks.store import open_store
+
+    started_kafka = False
+    if not settings.kafka_bootstrap_servers:
+        _step("Kafka (Apache Kafka, KRaft, fetched from Maven Central on first use)")
+        t = time.monotonic()
+        devstack = KafkaDevstack(settings)
+        started_kafka = devstack.status() != "running"
+        info, downloaded = devstack.start()
+        print(f"broker {info.version} at {info.bootstrap}, {'downloaded' if downloaded else 'cached'} jars, "
+              f"{time.monotonic() - t:.1f}s")
+    bootstrap = bootstrap_servers(settings)
+
+    _step("worker (stage-1 ingest, dead letters, landing in ClickHouse)")
+    env = dict(os.environ, SLUICE_TOPIC_NAMESPACE=settings.topic_namespace or "demo",
+               SLUICE_APP_ID=f"{settings.app_id}-demo", SLUICE_KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+               SLUICE_STATE_DIR=str(settings.state_dir))
+    demo_settings = replace(settings, topic_namespace=env["SLUICE_TOPIC_NAMESPACE"], app_id=env["SLUICE_APP_ID"],
+                            kafka_bootstrap_servers=bootstrap)
+    log_path = settings.state_dir / "demo-worker.log"
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    base = f"http://{settings.web_host}:{settings.web_port}"
+    try:
+        if not wait_healthy(base, 90, worker):
+            print(f"worker did not become healthy; see {log_path}")
+            return 1
+        print(f"worker pid {worker.pid} healthy at {base}/healthz, metrics at {base}/metrics")
+
+        _step(f"replaying {seconds:.0f}s of the Azure LLM trace at {rate:g} requests/s, with invalid records mixed in")
+        trace = load_trace()
+        events = generate(trace, rate, seconds, seed=int(time.time()), start_ms=int(time.time() * 1000))
+        catalogue = bad_inputs(settings.max_event_bytes)
+
+        shown = [-1]
+
+        def progress(at: float) -> None:
+            step = int(min(1.0, at / seconds) * 40)
+            if step != shown[0]:
+                shown[0] = step
+                print(f"\r[{'#' * step:<40}] {at:5.1f}/{seconds:.0f}s", end="", flush=True)
+
+        produced = asyncio.run(produce(demo_settings, bootstrap, events, paced=True,
+                                       bad=catalogue * 2, progress=progress))
+        print(f"\rproduced {produced.requests} request events, {produced.replicas} replica samples, "
+              f"{produced.bad} invalid records" + " " * 20)
+
+        _step("waiting until every record is accounted for")
+        deadline = time.monotonic() + 120
+        counts = scrape_counts(base)
+        while counts.accepted + counts.dead_lettered < produced.total and time.monotonic() < deadline:
+            time.sleep(0.5)
+            counts = scrape_counts(base)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+    store = open_store(demo_settings)
+    try:
+        landed = {row["t"]: row["n"] for row in store.query(
+            "SELECT 'request_events' AS t, count() AS n FROM request_events FINAL "
+            "UNION ALL SELECT 'replica_samples', count() FROM replica_samples FINAL")}
+    finally:
+        store.close()
+
+    _step("result")
+    accounted = counts.accepted + counts.dead_lettered
+    print(f"{'produced':<28}{produced.total:>10}")
+    print(f"{'accepted (landed)':<28}{counts.accepted:>10}")
+    print(f"{'dead-lettered':<28}{counts.dead_lettered:>10}")
+    for reason, n in sorted(counts.reasons.items()):
+        print(f"  {reason:<26}{n:>10}")
+    print(f"{'unaccounted':<28}{produced.total - accounted:>10}")
+    print(f"rows in the store (all runs): {landed}")
+    if started_kafka:
+        print("\nKafka is still running for you to explore: `sluice kafka status`, `sluice kafka stop`.")
+    return 0 if accounted == produced.total else 1

@@ -1,0 +1,1 @@
+"""Local Apache Kafka (KRaft, single node) for development, tests and the demo."""

@@ -1,0 +1,189 @@
+"""Typed events, their orjson codec, and the decode step of stage 1.
+
+``decode`` turns the bytes of one Kafka record into either a typed event or a
+``Rejected`` with a bounded reason code — never both, never neither, never an
+exception — so the ingest agent can account for every input. The checks are
+compiled from ``schemas/`` (see ``contract.py``), so decoder and schema agree.
+Events are plain slotted dataclasses (not frozen: frozen ones cost 3x to
+build on the hot path); treat them as immutable.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Union
+
+import orjson
+
+from .contract import Invalid, compile_schema, describe, load_schema
+
+SCHEMA_VERSION = 1
+DEAD_LETTER_NAMESPACE = uuid.UUID("5a7c1ce0-0000-4000-8000-000000000001")
+
+PRIORITIES = ("critical", "standard", "sheddable", "deferrable")
+TERMINAL_PHASES = frozenset({"completed", "failed", "rejected", "cancelled"})
+
+
+@dataclass(slots=True)
+class RequestEvent:
+    schema: ClassVar[str] = "request_event"
+    key_field: ClassVar[str] = "task_id"
+    schema_version: int
+    event_id: str
+    event_time: int
+    task_id: str
+    request_id: str
+    attempt: int
+    tenant: str
+    priority: str
+    pool: str
+    model: str
+    phase: str
+    task_final: bool | None = None
+    replica_id: str | None = None
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    output_tokens: int | None = None
+    queue_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    duration_s: float | None = None
+    error_type: str | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(slots=True)
+class ReplicaSample:
+    schema: ClassVar[str] = "replica_sample"
+    key_field: ClassVar[str] = "replica_id"
+    schema_version: int
+    event_id: str
+    event_time: int
+    replica_id: str
+    pool: str
+    hardware: str
+    gpu_count: int
+    requests_running: int
+    requests_waiting: int
+    kv_cache_usage: float
+    preemptions_total: float
+    prompt_tokens_total: float
+    generation_tokens_total: float
+    prefix_cache_hits_total: float
+    prefix_cache_queries_total: float
+    healthy: bool
+    gpu_util: float | None = None
+    fb_used_mib: float | None = None
+    power_w: float | None = None
+
+
+Event = Union[RequestEvent, ReplicaSample]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+    detail: str
+
+
+VALIDATORS = {name: compile_schema(load_schema(name), name)
+              for name in ("request_event", "replica_sample", "admission_signal", "dead_letter")}
+
+
+def as_dict(event: Any) -> dict[str, Any]:
+    """The event's wire form: every set field, optional ``None`` fields left out."""
+    out = {}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if value is not None:
+            out[f.name] = value
+    return out
+
+
+def encode(event: Any) -> bytes:
+    return orjson.dumps(as_dict(event))
+
+
+def _parse(value: bytes) -> Any:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        message = str(exc)
+        if "UTF-8" in message:
+            raise Invalid("not_utf8", f"value is not valid UTF-8 ({message})") from None
+        if "infinity" in message or (b"NaN" in value or b"Infinity" in value) and "unexpected character" in message:
+            raise Invalid("non_finite_number", f"NaN and Infinity are not JSON numbers ({message})") from None
+        raise Invalid("malformed_json", message) from None
+
+
+def validate(schema: str, document: Any) -> dict[str, Any]:
+    """Check a parsed document against a schema; returns it normalised, raises ``Invalid``."""
+    if type(document) is not dict:
+        kind = "array" if isinstance(document, list) else type(document).__name__
+        raise Invalid("not_object", f"value must be a JSON object, got {kind}")
+    if "schema_version" not in document:
+        raise Invalid("missing_field", "schema_version is required")
+    version = document["schema_version"]
+    if type(version) is bool or version != SCHEMA_VERSION:
+        raise Invalid("unknown_schema_version",
+                      f"schema_version {describe(version)} is not supported (this build reads {SCHEMA_VERSION})")
+    return VALIDATORS[schema](document)
+
+
+def decode(cls: type[Event], value: bytes | None, key: bytes | None, max_bytes: int) -> Event | Rejected:
+    """One Kafka record → a typed event or a rejection with a precise reason."""
+    try:
+        if value is None:
+            raise Invalid("malformed_json", "value is null (a tombstone), not an event")
+        if len(value) > max_bytes:
+            raise Invalid("oversize", f"value is {len(value)} bytes, the limit is {max_bytes}")
+        if key is None:
+            raise Invalid("null_key", f"record has no key; {cls.__name__} is keyed by {cls.key_field}")
+        document = validate(cls.schema, _parse(value))
+        expected = document[cls.key_field]
+        if key != expected.encode():
+            raise Invalid("key_mismatch", f"record key {describe(key)} differs from {cls.key_field} "
+                                          f"{describe(expected)}; the key decides the partition")
+        return cls(**document)
+    except Invalid as exc:
+        return Rejected(exc.reason, exc.detail[:1024])
+    except Exception as exc:  # a decoder bug must cost one dead letter, not the pipeline
+        return Rejected("malformed_json", f"unexpected decoder error {type(exc).__name__}: {describe(str(exc), 200)}")
+
+
+def decode_many(cls: type[Event], records: list[tuple[bytes | None, bytes | None]],
+                max_bytes: int) -> list[Event | Rejected]:
+    return [decode(cls, value, key, max_bytes) for value, key in records]
+
+
+def dead_letter(rejected: Rejected, value: bytes | None, key: bytes | None, topic: str, partition: int,
+                offset: int, timestamp_ms: int | None, now_ms: int) -> tuple[bytes, bytes]:
+    """(key, value) of the dead letter for one rejected record.
+
+    Its ``event_id`` is derived from the source position, so a redelivered
+    record yields the same dead letter and consumers can deduplicate.
+    """
+    where = f"{topic}/{partition}/{offset}"
+    raw = value or b""
+    letter = {
+        "schema_version": SCHEMA_VERSION,
+        "event_id": str(uuid.uuid5(DEAD_LETTER_NAMESPACE, where)),
+        "event_time": now_ms,
+        "reason": rejected.reason,
+        "detail": rejected.detail,
+        "source_topic": topic,
+        "source_partition": partition,
+        "source_offset": offset,
+        "source_timestamp": timestamp_ms,
+        "key_b64": base64.b64encode(key).decode() if key is not None else None,
+        "value_b64": base64.b64encode(raw).decode(),
+        "value_size": len(raw),
+    }
+    return where.encode(), orjson.dumps(letter)

@@ -1,0 +1,32 @@
+"""Every Prometheus metric Sluice exports: names, labels and help text in one place.
+
+Labels are bounded (topic, table, reason); never task or request ids.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+EVENTS_ACCEPTED = Counter("sluice_events_accepted_total", "Events that passed validation, by source topic.",
+                          ["topic"], registry=REGISTRY)
+EVENTS_DEAD_LETTERED = Counter("sluice_events_dead_lettered_total",
+                               "Events sent to the dead-letter topic, by source topic and reason.",
+                               ["topic", "reason"], registry=REGISTRY)
+INGEST_BATCH_SECONDS = Histogram("sluice_ingest_batch_seconds",
+                                 "Time to decode, dead-letter and land one stage-1 batch.", ["topic"],
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                                 registry=REGISTRY)
+SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by table.", ["table"], registry=REGISTRY)
+SINK_RETRIES = Counter("sluice_sink_retries_total", "Inserts retried because the store was unavailable.",
+                       ["table"], registry=REGISTRY)
+SINK_HELD = Gauge("sluice_sink_held", "1 while the sink holds a batch back because the store is unavailable.",
+                  ["table"], registry=REGISTRY)
+NEWEST_EVENT_TIME = Gauge("sluice_newest_event_time_seconds",
+                          "Event time of the newest accepted event, by source topic (Unix seconds).",
+                          ["topic"], registry=REGISTRY)
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)

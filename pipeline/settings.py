@@ -1,0 +1,178 @@
+"""Typed settings: the one place every knob is declared, defaulted and documented.
+
+Precedence: environment (``SLUICE_<NAME>``) over an optional TOML file
+(``SLUICE_CONFIG``) over the defaults below. ``KAFKA_BOOTSTRAP_SERVERS`` is
+honoured as an alias of ``SLUICE_KAFKA_BOOTSTRAP_SERVERS`` because that is the
+name operators already use. A bad value fails at start-up with the setting's
+name, never later on the data path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "SLUICE_"
+CONFIG_FILE_ENV = "SLUICE_CONFIG"
+ALIASES = {"kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "clickhouse_url": "CLICKHOUSE_URL",
+           "clickhouse_user": "CLICKHOUSE_USER", "clickhouse_password": "CLICKHOUSE_PASSWORD"}
+SECRET_SETTINGS = {"clickhouse_password"}
+
+
+class SettingsError(ValueError):
+    """A setting has a value the pipeline cannot run with."""
+
+
+def _doc(text: str, **kw: Any) -> dict:
+    return {"doc": text, **kw}
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap_servers: str = field(default="", metadata=_doc(
+        "Kafka bootstrap servers (host:port,...). Empty: use the broker that "
+        "`sluice kafka start` recorded in the state directory."))
+    kafka_version: str = field(default="4.1.1", metadata=_doc(
+        "Apache Kafka release the devstack fetches from Maven Central."))
+    kafka_heap_mb: int = field(default=768, metadata=_doc(
+        "Maximum JVM heap of the devstack broker, MiB.", min=128))
+    cache_dir: Path = field(default=Path("~/.cache/sluice"), metadata=_doc(
+        "Downloaded artifacts (Kafka jars), reused across runs."))
+    state_dir: Path = field(default=Path("~/.local/state/sluice"), metadata=_doc(
+        "Broker data, broker address file and the embedded ClickHouse store."))
+    topic_namespace: str = field(default="", metadata=_doc(
+        "Prefix for every topic name (`<ns>.sluice.requests.v1`); empty keeps "
+        "the contract names. Lets tests and tenants share a broker.",
+        pattern=r"[A-Za-z0-9_-]*"))
+    topic_partitions: int = field(default=4, metadata=_doc(
+        "Partitions of the raw event topics when Sluice creates them.", min=1, max=1024))
+    topic_replication_factor: int = field(default=1, metadata=_doc(
+        "Replication factor of topics Sluice creates (1 for the devstack, 3 in production).",
+        min=1, max=16))
+    app_id: str = field(default="sluice", metadata=_doc(
+        "Faust application id: consumer group and changelog topic prefix.",
+        pattern=r"[A-Za-z0-9._-]+"))
+    web_host: str = field(default="127.0.0.1", metadata=_doc(
+        "Address the worker's HTTP endpoints (/healthz, /metrics) bind to."))
+    web_port: int = field(default=6066, metadata=_doc(
+        "Port of the worker's HTTP endpoints.", min=1, max=65535))
+    ingest_batch_max: int = field(default=2000, metadata=_doc(
+        "Most events stage 1 decodes and lands as one batch.", min=1, max=100000))
+    ingest_batch_within_s: float = field(default=0.25, metadata=_doc(
+        "Longest stage 1 waits to fill a batch, seconds.", min=0.001, max=60))
+    max_event_bytes: int = field(default=1048576, metadata=_doc(
+        "Largest accepted event value, bytes; larger ones are dead-lettered.",
+        min=1024, max=16777216))
+    clickhouse_url: str = field(default="", metadata=_doc(
+        "ClickHouse server URL (http://host:8123/db). Empty: the embedded chdb "
+        "store under `chdb_path`."))
+    clickhouse_user: str = field(default="default", metadata=_doc(
+        "ClickHouse server user (server backend only)."))
+    clickhouse_password: str = field(default="", metadata=_doc(
+        "ClickHouse server password (server backend only; never logged)."))
+    chdb_path: str = field(default="", metadata=_doc(
+        "Embedded ClickHouse data directory. Empty: `<state_dir>/chdb`."))
+    log_level: str = field(default="info", metadata=_doc(
+        "Worker log level.", choices=("crit", "error", "warn", "info", "debug")))
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check(f, getattr(self, f.name))
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def chdb_dir(self) -> Path:
+        return Path(os.path.expanduser(self.chdb_path)) if self.chdb_path else self.state_dir / "chdb"
+
+    def redacted(self) -> dict[str, Any]:
+        """Settings as a dict with secrets masked, safe to log or print."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "***" if f.name in SECRET_SETTINGS and value else (
+                str(value) if isinstance(value, Path) else value)
+        return out
+
+
+def _check(f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    if "min" in meta and value < meta["min"]:
+        raise SettingsError(f"setting {f.name}={value!r} is below its minimum {meta['min']}")
+    if "max" in meta and value > meta["max"]:
+        raise SettingsError(f"setting {f.name}={value!r} is above its maximum {meta['max']}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise SettingsError(f"setting {f.name}={value!r} is not one of {', '.join(meta['choices'])}")
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+        raise SettingsError(f"setting {f.name}={value!r} must match {meta['pattern']}")
+
+
+def _coerce(f: dataclasses.Field, raw: Any, source: str) -> Any:
+    kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float,
+                                                      "bool": bool, "Path": Path}[f.type]
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is Path:
+            return Path(os.path.expanduser(str(raw)))
+        if kind is int and isinstance(raw, float):
+            raise ValueError(raw)
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"setting {f.name} from {source}: {raw!r} is not a valid {kind.__name__}") from None
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, the optional TOML file, the environment and overrides."""
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    values: dict[str, Any] = {}
+    config_path = env.get(CONFIG_FILE_ENV, "")
+    if config_path:
+        try:
+            with open(os.path.expanduser(config_path), "rb") as fh:
+                from_file = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"cannot read {CONFIG_FILE_ENV}={config_path}: {exc}") from None
+        for name, raw in from_file.items():
+            if name not in fields:
+                raise SettingsError(f"unknown setting {name!r} in {config_path}")
+            values[name] = _coerce(fields[name], raw, config_path)
+    for name, f in fields.items():
+        for var in (ENV_PREFIX + name.upper(), ALIASES.get(name)):
+            if var and var in env:
+                values[name] = _coerce(f, env[var], var)
+                break
+    for name, raw in overrides.items():
+        if name not in fields:
+            raise SettingsError(f"unknown setting {name!r}")
+        values[name] = _coerce(fields[name], raw, "override")
+    for name in ("cache_dir", "state_dir"):
+        path = values.get(name, fields[name].default)
+        values[name] = Path(os.path.expanduser(str(path)))
+    return Settings(**values)
+
+
+def settings_table() -> str:
+    """Markdown table of every setting, for the README (kept true by a test)."""
+    rows = ["| setting | environment | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        env = f"`{ENV_PREFIX}{f.name.upper()}`"
+        if f.name in ALIASES:
+            env += f" or `{ALIASES[f.name]}`"
+        rows.append(f"| `{f.name}` | {env} | `{f.default}` | {f.metadata['doc']} |")
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""Trace replay and (later) the fleet simulator for demos, tests and benchmarks."""

@@ -1,0 +1,80 @@
+"""Publish generated events to Kafka, paced in real time or as fast as the broker takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from .. import topics
+from ..settings import Settings
+from .replay import Emitted
+
+
+@dataclass
+class Produced:
+    requests: int = 0
+    replicas: int = 0
+    bad: int = 0
+    bad_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.requests + self.replicas + self.bad
+
+
+def producer_for(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
+                            max_batch_size=262144,
+                            max_request_size=topics.raw_topic_max_bytes(settings) + 65536)
+
+
+async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted], paced: bool,
+                  bad: Iterable[tuple[str, bytes | None, bytes | None]] = (),
+                  progress: Callable[[float], None] | None = None) -> Produced:
+    """Send every event (and the given bad records, spread through the stream) and wait for delivery.
+
+    ``bad`` is (expected reason, value, key) for the raw requests topic.
+    """
+    requests_topic = topics.REQUESTS.name(settings)
+    replicas_topic = topics.REPLICAS.name(settings)
+    counts = Produced()
+    bad = list(bad)
+    producer = producer_for(settings, bootstrap)
+    await producer.start()
+    pending = []
+    try:
+        start = time.monotonic()
+        for n, item in enumerate(emitted):
+            if paced:
+                ahead = start + item.at_s - time.monotonic()
+                if ahead > 0.005:
+                    await asyncio.sleep(ahead)
+                if progress:
+                    progress(item.at_s)
+            topic = requests_topic if item.kind == "request" else replicas_topic
+            pending.append(await producer.send(topic, orjson.dumps(item.event), key=item.key.encode()))
+            if item.kind == "request":
+                counts.requests += 1
+            else:
+                counts.replicas += 1
+            if bad and n % 7 == 3:
+                reason, value, key = bad.pop()
+                pending.append(await producer.send(requests_topic, value, key=key))
+                counts.bad += 1
+                counts.bad_reasons[reason] = counts.bad_reasons.get(reason, 0) + 1
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        for reason, value, key in bad:
+            pending.append(await producer.send(requests_topic, value, key=key))
+            counts.bad += 1
+            counts.bad_reasons[reason] = counts.bad_reasons.get(reason, 0) + 1
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return counts

@@ -1,0 +1,1 @@
+"""Where accepted events land: ClickHouse, embedded (chdb) or a server."""

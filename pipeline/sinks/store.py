@@ -1,0 +1,125 @@
+"""One small interface over the two ClickHouse backends.
+
+The embedded engine (chdb) is the default: a data directory, no server. Its
+directory is locked by one process, so the worker that lands rows is also the
+one that serves reads. A ClickHouse server is used through clickhouse-connect
+when ``clickhouse_url`` is set. The same ``sql/`` files run on both.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from ..settings import Settings
+
+
+JSON_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
+
+
+class StoreUnavailable(RuntimeError):
+    """The store refused or could not be reached; the caller holds its rows and retries."""
+
+
+class Store(Protocol):
+    backend: str
+
+    def command(self, sql: str) -> None: ...
+
+    def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
+        """Insert newline-delimited JSON rows; a repeated ``dedup_token`` is dropped by the table."""
+
+    def query(self, sql: str) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class ChdbStore:
+    backend = "chdb"
+
+    def __init__(self, path: Path) -> None:
+        from chdb import session
+
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._session = session.Session(str(path))
+        except Exception as exc:
+            raise StoreUnavailable(f"cannot open chdb store {path}: {exc}") from exc
+        self.path = path
+        self._lock = threading.Lock()
+        for name, value in JSON_SETTINGS.items():
+            self._run(f"SET {name} = {value}")
+
+    def _run(self, sql: str, fmt: str = "CSV"):
+        with self._lock:
+            try:
+                return self._session.query(sql, fmt)
+            except Exception as exc:
+                raise StoreUnavailable(str(exc)) from exc
+
+    def command(self, sql: str) -> None:
+        self._run(sql)
+
+    def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
+        settings = f" SETTINGS insert_deduplication_token='{_quote(dedup_token)}'" if dedup_token else ""
+        self._run(f"INSERT INTO {table}{settings} FORMAT JSONEachRow\n" + rows.decode())
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        result = self._run(sql, "JSONEachRow")
+        return [orjson.loads(line) for line in result.bytes().splitlines() if line]
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.close()
+
+
+class ServerStore:
+    backend = "server"
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        import clickhouse_connect
+
+        try:
+            self._client = clickhouse_connect.get_client(dsn=url, username=user, password=password)
+        except Exception as exc:
+            raise StoreUnavailable(f"cannot reach ClickHouse server: {type(exc).__name__}") from exc
+        self._lock = threading.Lock()
+
+    def command(self, sql: str) -> None:
+        with self._lock:
+            try:
+                self._client.command(sql)
+            except Exception as exc:
+                raise StoreUnavailable(str(exc)) from exc
+
+    def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
+        settings = {"insert_deduplication_token": dedup_token} if dedup_token else {}
+        with self._lock:
+            try:
+                self._client.raw_insert(table, insert_block=rows, settings=settings, fmt="JSONEachRow")
+            except Exception as exc:
+                raise StoreUnavailable(str(exc)) from exc
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                raw = self._client.raw_query(sql, fmt="JSONEachRow", settings=JSON_SETTINGS)
+            except Exception as exc:
+                raise StoreUnavailable(str(exc)) from exc
+        return [orjson.loads(line) for line in raw.splitlines() if line]
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def open_store(settings: Settings) -> Store:
+    if settings.clickhouse_url:
+        return ServerStore(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
+    return ChdbStore(settings.chdb_dir)

@@ -1,0 +1,97 @@
+"""Every Kafka topic Sluice reads or writes, declared once.
+
+The names are the contract of ``ARCHITECTURE.md``; ``topic_namespace`` only
+prefixes them so that tests and tenants can share a broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .settings import Settings
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    base: str
+    key: str
+    compacted: bool = False
+    retention_ms: int = DAY_MS
+    raw: bool = False
+    dead_letter: bool = False
+
+    def name(self, settings: Settings) -> str:
+        ns = settings.topic_namespace
+        return f"{ns}.{self.base}" if ns else self.base
+
+    def partitions(self, settings: Settings) -> int:
+        return settings.topic_partitions if self.raw else max(1, settings.topic_partitions // 2)
+
+    def config(self, settings: Settings) -> dict[str, str]:
+        cfg = {"cleanup.policy": "compact" if self.compacted else "delete"}
+        if not self.compacted:
+            cfg["retention.ms"] = str(self.retention_ms)
+        if self.raw:
+            cfg["max.message.bytes"] = str(raw_topic_max_bytes(settings))
+        if self.dead_letter:
+            cfg["max.message.bytes"] = str(dead_letter_max_bytes(settings))
+        return cfg
+
+
+def raw_topic_max_bytes(settings: Settings) -> int:
+    """Raw topics accept values a little over ``max_event_bytes`` so that an
+    oversize event reaches the validator and is dead-lettered with its bytes
+    instead of being refused at the producer, where nobody would see it."""
+    return settings.max_event_bytes * 4
+
+
+def dead_letter_max_bytes(settings: Settings) -> int:
+    """A dead letter carries the original value base64-encoded (4/3) plus an envelope."""
+    return raw_topic_max_bytes(settings) * 2
+
+
+REQUESTS = TopicSpec("sluice.requests.v1", key="task_id", raw=True)
+REPLICAS = TopicSpec("sluice.replicas.v1", key="replica_id", raw=True)
+PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS)
+LOAD = TopicSpec("sluice.load.v1", key="pool", compacted=True)
+ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True)
+DEADLETTER = TopicSpec("sluice.deadletter.v1", key="source topic/partition/offset",
+                       retention_ms=30 * DAY_MS, dead_letter=True)
+
+ALL = (REQUESTS, REPLICAS, PARTIALS, LOAD, ADMISSION, DEADLETTER)
+
+
+def topic_configs(settings: Settings) -> dict[str, tuple[int, dict[str, str]]]:
+    """name → (partitions, config) for every topic, as created at start-up."""
+    return {spec.name(settings): (spec.partitions(settings), spec.config(settings)) for spec in ALL}
+
+
+TOPIC_ALREADY_EXISTS = 36
+
+
+async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
+    """Create every missing topic with its declared partitions and config; returns those created.
+
+    Idempotent: an existing topic is left as it is (its partitions are not
+    changed behind an operator's back).
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [NewTopic(name, partitions, settings.topic_replication_factor, topic_configs=config)
+                  for name, (partitions, config) in topic_configs(settings).items() if name not in existing]
+        if not wanted:
+            return []
+        response = await admin.create_topics(wanted)
+        for name, code, message in getattr(response, "topic_errors", ()) or ():
+            if code not in (0, TOPIC_ALREADY_EXISTS):
+                raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+        return [t.name for t in wanted]
+    finally:
+        await admin.close()

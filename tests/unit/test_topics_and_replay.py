@@ -1,0 +1,44 @@
+from itertools import islice
+
+from pipeline import topics
+from pipeline.events import ReplicaSample, RequestEvent, decode
+from pipeline.settings import load_settings
+from pipeline.sim.replay import generate, load_trace
+
+import orjson
+
+
+def test_topic_names_follow_the_contract_and_namespace():
+    plain = load_settings(env={})
+    assert topics.REQUESTS.name(plain) == "sluice.requests.v1"
+    assert topics.ADMISSION.name(load_settings(env={"SLUICE_TOPIC_NAMESPACE": "ci"})) == "ci.sluice.admission.v1"
+    configs = topics.topic_configs(plain)
+    assert configs["sluice.admission.v1"][1]["cleanup.policy"] == "compact"
+    assert configs["sluice.load.v1"][1]["cleanup.policy"] == "compact"
+    assert configs["sluice.requests.v1"][0] == plain.topic_partitions
+    assert int(configs["sluice.requests.v1"][1]["max.message.bytes"]) > plain.max_event_bytes
+
+
+def test_trace_is_bundled_and_complete():
+    trace = load_trace()
+    assert len(trace) == 19_366
+    assert trace[0].offset_s == 0 and 3500 < trace[-1].offset_s < 3600
+
+
+def test_replay_is_deterministic_valid_and_time_ordered():
+    trace = load_trace()
+    a = list(islice(generate(trace, rate=50, seconds=30, seed=3, start_ms=0), 2000))
+    b = list(islice(generate(trace, rate=50, seconds=30, seed=3, start_ms=0), 2000))
+    assert a == b
+    assert [e.at_s for e in a] == sorted(e.at_s for e in a)
+    for item in a:
+        cls = RequestEvent if item.kind == "request" else ReplicaSample
+        assert isinstance(decode(cls, orjson.dumps(item.event), item.key.encode(), 1 << 20), cls), item
+
+
+def test_replay_rate_is_time_scaled():
+    trace = load_trace()
+    received = [e for e in generate(trace, rate=40, seconds=60, seed=1, start_ms=0)
+                if e.kind == "request" and e.event["phase"] == "received" and e.event["attempt"] == 1
+                and e.event["request_id"].endswith("-s0")]
+    assert 0.8 * 40 * 60 < len(received) < 1.2 * 40 * 60
