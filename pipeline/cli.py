@@ -121,6 +121,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_settings(), seconds=args.seconds, rate=args.rate)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(_settings(), events=args.events, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seconds", type=float, default=60.0)
     demo.add_argument("--rate", type=float, default=20.0)
     demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure stage figures against a baseline in the same run")
+    bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

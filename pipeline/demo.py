@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
 from .devstack.kafka import KafkaDevstack, bootstrap_servers
 from .settings import Settings
-from .worker_probe import scrape_counts, wait_healthy
+from .worker_process import WorkerProcess
 
 
 def _step(text: str) -> None:
@@ -37,22 +33,16 @@ def run_demo(settings: Settings, seconds: float, rate: float) -> int:
     bootstrap = bootstrap_servers(settings)
 
     _step("worker (stage-1 ingest, dead letters, landing in ClickHouse)")
-    env = dict(os.environ, SLUICE_TOPIC_NAMESPACE=settings.topic_namespace or "demo",
-               SLUICE_APP_ID=f"{settings.app_id}-demo", SLUICE_KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-               SLUICE_STATE_DIR=str(settings.state_dir))
-    demo_settings = replace(settings, topic_namespace=env["SLUICE_TOPIC_NAMESPACE"], app_id=env["SLUICE_APP_ID"],
-                            kafka_bootstrap_servers=bootstrap)
-    log_path = settings.state_dir / "demo-worker.log"
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
-    base = f"http://{settings.web_host}:{settings.web_port}"
+    demo_settings = replace(settings, topic_namespace=settings.topic_namespace or "demo",
+                            app_id=f"{settings.app_id}-demo", kafka_bootstrap_servers=bootstrap)
+    worker = WorkerProcess(demo_settings, settings.state_dir / "demo-worker.log")
     try:
-        if not wait_healthy(base, 90, worker):
-            print(f"worker did not become healthy; see {log_path}")
+        try:
+            worker.start()
+        except RuntimeError as exc:
+            print(f"sluice demo: {exc}")
             return 1
-        print(f"worker pid {worker.pid} healthy at {base}/healthz, metrics at {base}/metrics")
+        print(f"worker pid {worker.pid} healthy at {worker.base_url}/healthz, metrics at {worker.base_url}/metrics")
 
         _step(f"replaying {seconds:.0f}s of the Azure LLM trace at {rate:g} requests/s, with invalid records mixed in")
         trace = load_trace()
@@ -74,17 +64,12 @@ def run_demo(settings: Settings, seconds: float, rate: float) -> int:
 
         _step("waiting until every record is accounted for")
         deadline = time.monotonic() + 120
-        counts = scrape_counts(base)
+        counts = worker.counts()
         while counts.accepted + counts.dead_lettered < produced.total and time.monotonic() < deadline:
             time.sleep(0.5)
-            counts = scrape_counts(base)
+            counts = worker.counts()
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        worker.stop()
 
     store = open_store(demo_settings)
     try:

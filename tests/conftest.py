@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
 from pipeline.devstack.kafka import KafkaDevstack
 from pipeline.settings import Settings, load_settings
-from pipeline.worker_probe import wait_healthy
-
-ROOT = Path(__file__).resolve().parents[1]
+from pipeline.worker_process import WorkerProcess
 
 
 def free_port() -> int:
@@ -60,62 +55,11 @@ def settings(kafka_bootstrap, namespace, tmp_path) -> Settings:
                          web_port=free_port())
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-    for name, value in settings.redacted().items():
-        if value != "***":
-            env[f"SLUICE_{name.upper()}"] = str(value)
-    return env
-
-
-class WorkerProcess:
-    """A real ``sluice worker`` subprocess for integration tests."""
-
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.settings = settings
-        self.log_path = log_path
-        self.base_url = f"http://{settings.web_host}:{settings.web_port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 90) -> "WorkerProcess":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], cwd=ROOT,
-                                     env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        if not wait_healthy(self.base_url, timeout_s, self.proc):
-            self.kill()
-            raise AssertionError(f"worker not healthy in {timeout_s}s:\n{self.log_tail()}")
-        return self
-
-    def kill(self) -> None:
-        """kill -9: no shutdown hooks, no final commit."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
-
-    def stop(self, timeout_s: float = 60) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
 @pytest.fixture
 def worker_factory(settings, tmp_path):
     started: list[WorkerProcess] = []
 
     def make(**overrides) -> WorkerProcess:
-        from dataclasses import replace
-
         worker = WorkerProcess(replace(settings, **overrides), tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker

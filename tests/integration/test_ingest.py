@@ -11,7 +11,6 @@ from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from pipeline.sim.specimens import bad_inputs
 from pipeline.sinks.store import open_store
-from pipeline.worker_probe import scrape_counts
 from tests.conftest import run, wait_for
 from tests.integration.kafka_helpers import group_lag, read_all
 
@@ -65,7 +64,7 @@ def test_worker_accepts_every_valid_and_dead_letters_every_invalid(settings, wor
     produced = run(produce(settings, settings.kafka_bootstrap_servers, valid, paced=False, bad=bad))
     assert produced.total == VALID + INVALID
 
-    counts = wait_for(lambda: (c := scrape_counts(worker.base_url)).accepted + c.dead_lettered >= produced.total and c,
+    counts = wait_for(lambda: (c := worker.counts()).accepted + c.dead_lettered >= produced.total and c,
                       120, message="the worker to account for every record")
     assert counts.accepted == VALID
     assert counts.dead_lettered == INVALID
@@ -82,7 +81,7 @@ def test_kill_9_midway_loses_nothing(settings, worker_factory):
     valid, bad, expected_reason = make_inputs(settings)
     first = worker_factory().start()
     produced = run(produce(settings, settings.kafka_bootstrap_servers, valid, paced=False, bad=bad))
-    wait_for(lambda: scrape_counts(first.base_url).accepted >= VALID // 3, 120, interval_s=0.05,
+    wait_for(lambda: first.counts().accepted >= VALID // 3, 120, interval_s=0.05,
              message="the first worker to be part-way through")
     first.kill()
 

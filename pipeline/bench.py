@@ -1,0 +1,134 @@
+"""``sluice bench``: stage figures measured against a baseline in the same run.
+
+Ingest: a topic is filled with N valid events, then read twice — by a raw
+aiokafka consume + orjson decode loop (the floor any Python consumer pays)
+and by one real ``sluice worker`` subprocess, which also validates, lands
+rows in ClickHouse and commits. The ratio is worker ÷ raw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import socket
+import time
+import uuid
+from dataclasses import replace
+from itertools import islice
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from . import topics
+from .devstack.kafka import bootstrap_servers
+from .settings import Settings
+from .sim.producer import produce
+from .sim.replay import generate, load_trace
+from .worker_process import WorkerProcess
+
+
+async def raw_consume_decode(bootstrap: str, topic: str, expected: int) -> float:
+    """Seconds for a bare aiokafka consumer to fetch and orjson-decode ``expected`` records."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    await consumer.start()
+    try:
+        await consumer._client._wait_on_metadata(topic)
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        seen = 0
+        started = time.perf_counter()
+        while seen < expected:
+            batch = await consumer.getmany(timeout_ms=500, max_records=10000)
+            for messages in batch.values():
+                for message in messages:
+                    orjson.loads(message.value)
+                seen += sum(len(m) for m in batch.values())
+        return time.perf_counter() - started
+    finally:
+        await consumer.stop()
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
+    ns = f"bench{uuid.uuid4().hex[:6]}"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run_settings = replace(settings, topic_namespace=ns, app_id=f"sluice-{ns}", web_port=port,
+                           kafka_bootstrap_servers=bootstrap_servers(settings), state_dir=work_dir / ns)
+    bootstrap = run_settings.kafka_bootstrap_servers
+    asyncio.run(topics.ensure_topics(run_settings, bootstrap))
+    requests_only = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=11,
+                                         start_ms=int(time.time() * 1000)) if e.kind == "request")
+    valid = list(islice(requests_only, events))
+    started = time.perf_counter()
+    asyncio.run(produce(run_settings, bootstrap, valid, paced=False))
+    produce_s = time.perf_counter() - started
+    topic = topics.REQUESTS.name(run_settings)
+
+    raw_s = asyncio.run(raw_consume_decode(bootstrap, topic, len(valid)))
+
+    worker = WorkerProcess(run_settings, work_dir / f"{ns}-worker.log")
+    try:
+        worker.start()
+        first_at = last_at = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            done = worker.counts().accepted
+            now = time.perf_counter()
+            if done and first_at is None:
+                first_at = now
+            if done >= len(valid):
+                last_at = now
+                break
+            time.sleep(0.05)
+        rss = _rss_mib(worker.pid)
+    finally:
+        worker.stop()
+    if last_at is None:
+        raise RuntimeError("bench worker did not finish in 600 s")
+    worker_s = last_at - (first_at or last_at)
+    return {
+        "events": len(valid),
+        "produce_events_per_s": round(len(valid) / produce_s),
+        "raw_consume_decode_events_per_s": round(len(valid) / raw_s),
+        "worker_ingest_events_per_s": round(len(valid) / worker_s) if worker_s else None,
+        "worker_vs_raw_ratio": round(raw_s / worker_s, 3) if worker_s else None,
+        "worker_rss_mib": round(rss, 1),
+        "partitions": run_settings.topic_partitions,
+        "batch_max": run_settings.ingest_batch_max,
+        "store": "server" if run_settings.clickhouse_url else "chdb",
+        "bench_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def print_table(figures: dict) -> None:
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+
+
+def main(settings: Settings, events: int, as_json: bool) -> int:
+    work_dir = settings.state_dir / "bench"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    figures = {"ingest": bench_ingest(settings, events, work_dir)}
+    if as_json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for stage, values in figures.items():
+            print(f"== {stage}")
+            print_table(values)
+    return 0
