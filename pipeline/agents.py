@@ -1,9 +1,18 @@
 """The Faust application: thin glue between Kafka and the pure cores.
 
-``faust -A pipeline.agents worker`` and ``sluice worker`` both run it. Stage 1
-takes batches with ``noack_take`` and acks them only after their dead letters
-are delivered and their rows are durable, so committed offsets never run ahead
-of what has landed: an input is landed or dead-lettered, or it is read again.
+``faust -A pipeline.agents worker`` and ``sluice worker`` both run it.
+
+Stage 1 (raw topics) takes batches with ``noack_take`` and acks them only
+after their dead letters are delivered and their rows are durable, so
+committed offsets never run ahead of what has landed. It also folds accepted
+events into per-pool partials, one builder per source partition, published
+to ``sluice.partials.v1`` (key: pool) every tick.
+
+Stage 2 (partials, co-partitioned by pool) keeps each partial in a changelog
+table until it leaves the cost window and merges it into an in-memory
+``PoolState``; after a restart or rebalance the states are rebuilt from the
+table, and partial ids make a redelivered partial count once. Every tick it
+publishes each changed pool's picture to the compacted ``sluice.load.v1``.
 """
 
 from __future__ import annotations
@@ -14,29 +23,36 @@ import time
 from typing import Any
 
 import faust
+import orjson
 from aiohttp import web as aio_web
 
 from . import metrics, topics
 from .devstack.kafka import bootstrap_servers
 from .events import Event, ReplicaSample, RequestEvent
 from .ingest import Record, process_batch
+from .load.config import PictureConfigs
+from .load.partial import Partial, PartialBuilder
+from .load.picture import AXES, PoolState
 from .settings import Settings, load_settings
 from .sinks.clickhouse import ClickHouseSink
 from .sinks.migrations import migrate
 from .sinks.store import Store, open_store
 
 log = logging.getLogger(__name__)
+KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
 
 
 class Stage1:
     """Per-batch work of the ingest agents; collaborators are injected so agent tests can swap them."""
 
-    def __init__(self, settings: Settings, app: faust.App, dead_letter_topic: Any) -> None:
+    def __init__(self, settings: Settings, dead_letter_topic: Any, partials_topic: Any) -> None:
         self.settings = settings
-        self.app = app
         self.dead_letter_topic = dead_letter_topic
+        self.partials_topic = partials_topic
         self.store: Store | None = None
         self.sink: ClickHouseSink | None = None
+        self.builders: dict[tuple[str, int], PartialBuilder] = {}
+        self._last_tick = 0
         self._ready_lock = asyncio.Lock()
 
     async def ready(self) -> None:
@@ -51,6 +67,13 @@ class Stage1:
                 log.info("applied migrations %s", ", ".join(applied))
             self.sink = ClickHouseSink(self.store)
 
+    def _builder(self, topic: str, partition: int) -> PartialBuilder:
+        builder = self.builders.get((topic, partition))
+        if builder is None:
+            builder = self.builders[(topic, partition)] = PartialBuilder(
+                f"{topic}/{partition}", self.settings.replica_stale_after_s)
+        return builder
+
     async def handle(self, cls: type[Event], stream: Any, batch: list[Any]) -> None:
         started = time.perf_counter()
         if self.sink is None:
@@ -58,14 +81,20 @@ class Stage1:
         records = [Record(e.message.topic, e.message.partition, e.message.offset,
                           int(e.message.timestamp * 1000) if e.message.timestamp else None,
                           e.message.key, e.message.value) for e in batch]
+        topic = records[0].topic
         outcome = process_batch(cls, records, self.settings.max_event_bytes, int(time.time() * 1000))
         pending = [await self.dead_letter_topic.send(key=key, value=value) for key, value in outcome.dead_letters]
         if pending:
             await asyncio.gather(*pending)
         await self.sink.land(outcome.table, outcome.rows, outcome.dedup_token)
+        for partition, event in outcome.events:
+            builder = self._builder(topic, partition)
+            if cls is RequestEvent:
+                builder.fold_request(event)
+            else:
+                builder.fold_sample(event)
         for event in batch:
             await stream.ack(event)
-        topic = records[0].topic
         metrics.EVENTS_ACCEPTED.labels(topic).inc(len(outcome.rows))
         for reason, count in outcome.reasons.items():
             metrics.EVENTS_DEAD_LETTERED.labels(topic, reason).inc(count)
@@ -73,8 +102,90 @@ class Stage1:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(outcome.newest_event_ms / 1000)
         metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
 
+    async def publish_partials(self) -> int:
+        """Drain every builder; a partial's tick is a wall-clock millisecond, unique per drain."""
+        tick = max(self._last_tick + 1, int(time.time() * 1000))
+        self._last_tick = tick
+        sent = []
+        for builder in self.builders.values():
+            for partial in builder.drain(tick):
+                sent.append(await self.partials_topic.send(key=partial.pool.encode(), value=partial.to_bytes()))
+        if sent:
+            await asyncio.gather(*sent)
+            metrics.PARTIALS_PUBLISHED.inc(len(sent))
+        return len(sent)
 
-def raw_topic(app: faust.App, settings: Settings, spec: topics.TopicSpec) -> Any:
+
+class Stage2:
+    """Per-pool pictures from partials; the changelog table makes them survive restarts."""
+
+    def __init__(self, settings: Settings, table: Any, load_topic: Any) -> None:
+        self.configs = PictureConfigs(settings)
+        self.table = table
+        self.load_topic = load_topic
+        self.states: dict[str, PoolState] = {}
+        self.changed: set[str] = set()
+        self.snapshots: dict[str, dict] = {}
+        self.rebuild_needed = False
+
+    def merge(self, partial: Partial) -> None:
+        """Called inside stream iteration, so table writes go to the partial's own partition."""
+        config = self.configs.for_pool(partial.pool)
+        state = self.states.get(partial.pool)
+        if state is None:
+            state = self.states[partial.pool] = PoolState(partial.pool)
+        if not state.merge(partial, config):
+            metrics.PARTIALS_DUPLICATE.inc()
+            return
+        metrics.PARTIALS_MERGED.inc()
+        pool_key = partial.pool.encode() + KEY_SEP
+        self.table[pool_key + partial.id.encode()] = partial.to_bytes()
+        for evicted in state.evicted:
+            self.table.pop(pool_key + evicted.encode(), None)
+        self.changed.add(partial.pool)
+
+    def rebuild(self) -> None:
+        """States of the pools whose partitions this worker owns, from the (recovered) table."""
+        partials: dict[str, list[Partial]] = {}
+        for key, value in list(self.table.items()):
+            pool = key.split(KEY_SEP, 1)[0].decode()
+            partials.setdefault(pool, []).append(Partial.from_bytes(value))
+        self.states = {}
+        for pool, items in partials.items():
+            state = self.states[pool] = PoolState(pool)
+            config = self.configs.for_pool(pool)
+            for partial in sorted(items, key=lambda p: p.newest_ms):
+                state.merge(partial, config)
+        self.changed = set(self.states)
+        self.snapshots = {p: s for p, s in self.snapshots.items() if p in self.states}
+        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s)", len(self.states),
+                 sum(len(v) for v in partials.values()))
+
+    async def publish(self) -> int:
+        if self.rebuild_needed:
+            self.rebuild_needed = False
+            self.rebuild()
+        sent = []
+        now = time.time()
+        for pool in sorted(self.changed):
+            snapshot = self.states[pool].snapshot(self.configs.for_pool(pool))
+            snapshot["published_at_ms"] = int(now * 1000)
+            self.snapshots[pool] = snapshot
+            sent.append(await self.load_topic.send(key=pool.encode(), value=orjson.dumps(snapshot)))
+            metrics.PICTURE_LAG.observe(max(0.0, now - snapshot["watermark_ms"] / 1000))
+            metrics.POOL_PRESSURE.labels(pool).set(snapshot["pressure"])
+            metrics.POOL_LATE_EVENTS.labels(pool).set(snapshot["late_events"])
+            for axis in AXES:
+                metrics.POOL_AXIS_PRESSURE.labels(pool, axis).set(snapshot["axes"][axis]["pressure"])
+                value = snapshot["axes"][axis]["value"]
+                metrics.POOL_AXIS_VALUE.labels(pool, axis).set(float("nan") if value is None else value)
+        self.changed.clear()
+        if sent:
+            await asyncio.gather(*sent)
+        return len(sent)
+
+
+def _bytes_topic(app: faust.App, settings: Settings, spec: topics.TopicSpec) -> Any:
     partitions, config = topics.topic_configs(settings)[spec.name(settings)]
     return app.topic(spec.name(settings), key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions, config=config,
@@ -94,7 +205,7 @@ def create_app(settings: Settings) -> faust.App:
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
-        topic_partitions=settings.topic_partitions,
+        topic_partitions=topics.PARTIALS.partitions(settings),
         topic_replication_factor=settings.topic_replication_factor,
         consumer_max_fetch_size=topics.raw_topic_max_bytes(settings),
         producer_max_request_size=topics.dead_letter_max_bytes(settings) + 65536,
@@ -103,10 +214,14 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         loghandlers=[],
     )
-    dead_letters = app.topic(topics.DEADLETTER.name(settings), key_type=bytes, value_type=bytes,
-                             key_serializer="raw", value_serializer="raw")
-    stage1 = Stage1(settings, app, dead_letters)
-    app.stage1 = stage1
+    dead_letters = _bytes_topic(app, settings, topics.DEADLETTER)
+    partials = _bytes_topic(app, settings, topics.PARTIALS)
+    load = _bytes_topic(app, settings, topics.LOAD)
+    table = app.Table("pool_partials", partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
+                      value_type=bytes)
+    stage1 = Stage1(settings, dead_letters, partials)
+    stage2 = Stage2(settings, table, load)
+    app.stage1, app.stage2 = stage1, stage2
 
     def ingest_agent(spec: topics.TopicSpec, cls: type[Event], name: str) -> None:
         async def ingest(stream: Any) -> None:
@@ -114,10 +229,24 @@ def create_app(settings: Settings) -> faust.App:
                 await stage1.handle(cls, stream, batch)
 
         ingest.__name__ = ingest.__qualname__ = name
-        app.agent(raw_topic(app, settings, spec), name=f"{settings.app_id}.{name}")(ingest)
+        app.agent(_bytes_topic(app, settings, spec), name=f"{settings.app_id}.{name}")(ingest)
 
     ingest_agent(topics.REQUESTS, RequestEvent, "ingest_requests")
     ingest_agent(topics.REPLICAS, ReplicaSample, "ingest_replicas")
+
+    @app.agent(partials, name=f"{settings.app_id}.pictures")
+    async def pictures(stream: Any) -> None:
+        async for value in stream:
+            stage2.merge(Partial.from_bytes(value))
+
+    @app.timer(interval=settings.tick_s)
+    async def tick() -> None:
+        await stage1.publish_partials()
+        await stage2.publish()
+
+    @app.on_rebalance_complete.connect
+    async def after_recovery(sender: Any, **kwargs: Any) -> None:
+        stage2.rebuild_needed = True
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
@@ -130,6 +259,11 @@ def create_app(settings: Settings) -> faust.App:
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:
         return aio_web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    @app.page("/pools")
+    async def pools(web: Any, request: Any) -> Any:
+        """Pictures of the pools whose partitions this worker owns (``sluice pools`` shows all)."""
+        return web.json({"pools": [stage2.snapshots[p] for p in sorted(stage2.snapshots)]})
 
     @app.task
     async def open_store_early() -> None:

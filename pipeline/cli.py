@@ -107,6 +107,28 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pools(args: argparse.Namespace) -> int:
+    from .devstack.kafka import bootstrap_servers
+    from .pools_view import format_table, latest_pictures
+
+    settings = _settings()
+    pictures = asyncio.run(latest_pictures(settings, bootstrap_servers(settings)))
+    if args.format == "json":
+        print(json.dumps({"pools": [pictures[p] for p in sorted(pictures)]}, indent=2))
+    else:
+        print(format_table(pictures, use_colour=sys.stdout.isatty()))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from .devstack.kafka import bootstrap_servers
+    from .pools_view import run_top
+
+    settings = _settings()
+    run_top(settings, bootstrap_servers(settings), args.refresh, args.iterations)
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     if args.markdown:
         print(settings_table())
@@ -153,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--bad", type=int, default=0, help="also send this many invalid records (every category)")
     produce.add_argument("--fast", action="store_true", help="send as fast as possible instead of in real time")
     produce.set_defaults(func=cmd_produce)
+
+    pools = sub.add_parser("pools", help="every pool's load picture: axes and pressures")
+    pools.add_argument("--format", choices=("table", "json"), default="table")
+    pools.set_defaults(func=cmd_pools)
+
+    top = sub.add_parser("top", help="live view of the pools, refreshed in place")
+    top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
+    top.add_argument("--iterations", type=int, default=None, help="stop after this many redraws")
+    top.set_defaults(func=cmd_top)
 
     settings = sub.add_parser("settings", help="show the effective settings (secrets masked)")
     settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")

@@ -29,7 +29,7 @@ class Record(NamedTuple):
 class BatchOutcome:
     table: str
     rows: list[bytes] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+    events: list[tuple[int, Event]] = field(default_factory=list)  # (source partition, event)
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
     offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
@@ -68,7 +68,7 @@ def process_batch(cls: type[Event], records: Iterable[Record], max_bytes: int, n
             out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
         else:
             out.rows.append(row(result, rec.partition, rec.offset))
-            out.events.append(result)
+            out.events.append((rec.partition, result))
             if result.event_time > out.newest_event_ms:
                 out.newest_event_ms = result.event_time
     return out

@@ -30,3 +30,21 @@ NEWEST_EVENT_TIME = Gauge("sluice_newest_event_time_seconds",
 
 def exposition() -> bytes:
     return generate_latest(REGISTRY)
+
+PARTIALS_PUBLISHED = Counter("sluice_partials_published_total", "Per-pool partials stage 1 published.",
+                             registry=REGISTRY)
+PARTIALS_MERGED = Counter("sluice_partials_merged_total", "Partials stage 2 merged into pictures.",
+                          registry=REGISTRY)
+PARTIALS_DUPLICATE = Counter("sluice_partials_duplicate_total",
+                             "Redelivered partials stage 2 recognised by id and skipped.", registry=REGISTRY)
+PICTURE_LAG = Histogram("sluice_picture_lag_seconds",
+                        "Newest folded event time to picture publication (wall clock), by pool.",
+                        buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30), registry=REGISTRY)
+POOL_PRESSURE = Gauge("sluice_pool_pressure", "Pool pressure: the largest axis pressure (1.0 = at the limit).",
+                      ["pool"], registry=REGISTRY)
+POOL_AXIS_PRESSURE = Gauge("sluice_pool_axis_pressure", "Axis value divided by its limit, by pool and axis.",
+                           ["pool", "axis"], registry=REGISTRY)
+POOL_AXIS_VALUE = Gauge("sluice_pool_axis_value", "Raw axis value in the axis's unit, by pool and axis.",
+                        ["pool", "axis"], registry=REGISTRY)
+POOL_LATE_EVENTS = Gauge("sluice_pool_late_events", "Events left out of the picture as too late, by pool.",
+                         ["pool"], registry=REGISTRY)

@@ -10,6 +10,7 @@ name, never later on the data path.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import tomllib
@@ -79,10 +80,34 @@ class Settings:
         "Embedded ClickHouse data directory. Empty: `<state_dir>/chdb`."))
     log_level: str = field(default="info", metadata=_doc(
         "Worker log level.", choices=("crit", "error", "warn", "info", "debug")))
+    tick_s: float = field(default=0.5, metadata=_doc(
+        "Stage 1 publishes per-pool partials and stage 2 publishes pictures every tick, seconds.",
+        min=0.05, max=60))
+    fast_window_s: float = field(default=10.0, metadata=_doc(
+        "Event-time window of the fast axes (demand, queue, latency, errors), seconds.", min=1, max=3600))
+    cost_window_s: float = field(default=300.0, metadata=_doc(
+        "Event-time window of the cost axis and goodput, seconds.", min=1, max=86400))
+    allowed_lateness_s: float = field(default=30.0, metadata=_doc(
+        "Events this much older than a pool's newest event are counted as late and left out.",
+        min=0, max=86400))
+    replica_stale_after_s: float = field(default=15.0, metadata=_doc(
+        "A replica with no sample for this long (event time) is stale: saturated, its capacity leaves the pool.",
+        min=1, max=86400))
+    default_profile: str = field(default="balanced", metadata=_doc(
+        "Profile of pools not named in `pool_profiles`."))
+    pool_profiles: dict = field(default_factory=dict, metadata=_doc(
+        "Pool → profile name, e.g. `{\"chat-70b\": \"interactive\"}` (TOML table or JSON)."))
+    profiles: dict = field(default_factory=dict, metadata=_doc(
+        "Profiles added to or overriding the built-in `interactive`, `balanced` and `batch` "
+        "(limits and SLOs per axis; see docs/load-picture.md)."))
+    gpu_prices: dict = field(default_factory=dict, metadata=_doc(
+        "Hardware → $ per GPU-hour, added to or overriding the built-in price table."))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
+        if self.cost_window_s < self.fast_window_s:
+            raise SettingsError("setting cost_window_s must be at least fast_window_s")
 
     @property
     def kafka_dir(self) -> Path:
@@ -116,7 +141,7 @@ def _check(f: dataclasses.Field, value: Any) -> None:
 
 def _coerce(f: dataclasses.Field, raw: Any, source: str) -> Any:
     kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float,
-                                                      "bool": bool, "Path": Path}[f.type]
+                                                      "bool": bool, "Path": Path, "dict": dict}[f.type]
     try:
         if kind is bool:
             if isinstance(raw, bool):
@@ -129,10 +154,15 @@ def _coerce(f: dataclasses.Field, raw: Any, source: str) -> Any:
             raise ValueError(raw)
         if kind is Path:
             return Path(os.path.expanduser(str(raw)))
+        if kind is dict:
+            value = json.loads(raw) if isinstance(raw, str) else raw
+            if not isinstance(value, dict):
+                raise ValueError(raw)
+            return value
         if kind is int and isinstance(raw, float):
             raise ValueError(raw)
         return kind(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, json.JSONDecodeError):
         raise SettingsError(f"setting {f.name} from {source}: {raw!r} is not a valid {kind.__name__}") from None
 
 
@@ -174,5 +204,6 @@ def settings_table() -> str:
         env = f"`{ENV_PREFIX}{f.name.upper()}`"
         if f.name in ALIASES:
             env += f" or `{ALIASES[f.name]}`"
-        rows.append(f"| `{f.name}` | {env} | `{f.default}` | {f.metadata['doc']} |")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append(f"| `{f.name}` | {env} | `{default}` | {f.metadata['doc']} |")
     return "\n".join(rows)

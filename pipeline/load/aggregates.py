@@ -1,0 +1,201 @@
+"""Mergeable per-second aggregates: what stage 1 folds events into and stage 2 adds up.
+
+Everything here is a sum, a latest-value or a sketch, so aggregates from any
+number of partitions and ticks merge in any order to the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import ReplicaSample, RequestEvent
+from .sketch import QuantileSketch
+
+REQUEST_COUNTS = (
+    "events",            # every event folded (for late accounting)
+    "received",          # attempts that reached the router (arrivals, retries included)
+    "first_attempts",    # attempt 1 of a request
+    "retries",           # attempts > 1
+    "admitted", "rejected", "deferred", "redirected", "first_tokens", "completed", "failed", "cancelled",
+    "task_successes",    # completed with task_final: the task finished well
+    "task_failures",     # a terminal, task_final attempt that did not complete
+    "input_tokens", "output_tokens", "cached_input_tokens",   # from completed and failed attempts
+    "ttft_slo_misses",   # completed attempts whose TTFT exceeded their SLO
+)
+SKETCHES = ("ttft", "tpot", "queue")
+REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
+                "gpu_seconds")
+
+
+class RequestAgg:
+    """Counts and latency sketches of one pool's request events in one event-time second."""
+
+    __slots__ = ("counts", "sketches")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(REQUEST_COUNTS, 0)
+        self.sketches: dict[str, QuantileSketch] = {}
+
+    def _sketch(self, name: str) -> QuantileSketch:
+        sketch = self.sketches.get(name)
+        if sketch is None:
+            sketch = self.sketches[name] = QuantileSketch()
+        return sketch
+
+    def fold(self, e: RequestEvent) -> None:
+        c = self.counts
+        c["events"] += 1
+        phase = e.phase
+        if phase == "received":
+            c["received"] += 1
+            if e.attempt == 1:
+                c["first_attempts"] += 1
+            else:
+                c["retries"] += 1
+        elif phase == "first_token":
+            c["first_tokens"] += 1
+        elif phase in ("admitted", "deferred", "redirected", "cancelled"):
+            c[phase] += 1
+        elif phase == "rejected":
+            c["rejected"] += 1
+            if e.task_final:
+                c["task_failures"] += 1
+        elif phase in ("completed", "failed"):
+            c[phase] += 1
+            c["input_tokens"] += e.input_tokens or 0
+            c["output_tokens"] += e.output_tokens or 0
+            c["cached_input_tokens"] += e.cached_input_tokens or 0
+            if e.queue_s is not None:
+                self._sketch("queue").add(e.queue_s)
+            if phase == "completed":
+                if e.ttft_s is not None:
+                    self._sketch("ttft").add(e.ttft_s)
+                    if e.slo_ttft_s is not None and e.ttft_s > e.slo_ttft_s:
+                        c["ttft_slo_misses"] += 1
+                if e.tpot_s is not None:
+                    self._sketch("tpot").add(e.tpot_s)
+                if e.task_final:
+                    c["task_successes"] += 1
+            elif e.task_final:
+                c["task_failures"] += 1
+
+    def merge(self, other: "RequestAgg") -> None:
+        c = self.counts
+        for name, value in other.counts.items():
+            c[name] += value
+        for name, sketch in other.sketches.items():
+            self._sketch(name).merge(sketch)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: v for k, v in self.counts.items() if v}
+        for name, sketch in self.sketches.items():
+            out["q_" + name] = sketch.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RequestAgg":
+        agg = cls()
+        for key, value in data.items():
+            if key.startswith("q_"):
+                agg.sketches[key[2:]] = QuantileSketch.from_dict(value)
+            elif key in agg.counts:
+                agg.counts[key] = value
+        return agg
+
+
+@dataclass
+class ReplicaLatest:
+    """The newest sample of a replica: the gauges that are read as they are."""
+
+    event_time: int
+    hardware: str
+    gpu_count: int
+    requests_running: int
+    requests_waiting: int
+    kv_cache_usage: float
+    healthy: bool
+
+    @classmethod
+    def of(cls, s: ReplicaSample) -> "ReplicaLatest":
+        return cls(s.event_time, s.hardware, s.gpu_count, s.requests_running, s.requests_waiting,
+                   s.kv_cache_usage, s.healthy)
+
+
+@dataclass
+class ReplicaAgg:
+    """One replica in one pool: its newest sample and per-second sums of counter deltas."""
+
+    latest: ReplicaLatest | None = None
+    seconds: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, second: int, deltas: dict[str, float]) -> None:
+        bucket = self.seconds.get(second)
+        if bucket is None:
+            self.seconds[second] = dict(deltas)
+        else:
+            for name, value in deltas.items():
+                bucket[name] = bucket.get(name, 0.0) + value
+
+    def see(self, latest: ReplicaLatest) -> None:
+        if self.latest is None or latest.event_time >= self.latest.event_time:
+            self.latest = latest
+
+    def merge(self, other: "ReplicaAgg") -> None:
+        if other.latest is not None:
+            self.see(other.latest)
+        for second, deltas in other.seconds.items():
+            self.add(second, deltas)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"latest": None if self.latest is None else self.latest.__dict__,
+                "seconds": {str(k): v for k, v in self.seconds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReplicaAgg":
+        latest = data.get("latest")
+        return cls(ReplicaLatest(**latest) if latest else None,
+                   {int(k): dict(v) for k, v in data.get("seconds", {}).items()})
+
+
+class ReplicaTracker:
+    """Turns cumulative replica counters into deltas (stage 1 sees every sample of a replica,
+    because samples are keyed by replica_id).
+
+    A counter that decreases means the engine restarted: the new value is the
+    delta since the restart, never a negative one. A sample older than the
+    newest one seen is out of order: its gauges are kept if newer elsewhere,
+    its counters are not differenced.
+    """
+
+    COUNTERS = (("prompt_tokens_total", "prompt_tokens"), ("generation_tokens_total", "generation_tokens"),
+                ("preemptions_total", "preemptions"), ("prefix_cache_hits_total", "prefix_hits"),
+                ("prefix_cache_queries_total", "prefix_queries"))
+
+    def __init__(self, max_gap_s: float) -> None:
+        self.max_gap_ms = max_gap_s * 1000
+        self.last: dict[str, ReplicaSample] = {}
+        self.restarts = 0
+        self.out_of_order = 0
+
+    def deltas(self, s: ReplicaSample) -> dict[str, float] | None:
+        """Counter deltas since this replica's previous sample, or None for its first (or a stale) one."""
+        prev = self.last.get(s.replica_id)
+        if prev is not None and s.event_time < prev.event_time:
+            self.out_of_order += 1
+            return None
+        self.last[s.replica_id] = s
+        if prev is None:
+            return None
+        out: dict[str, float] = {}
+        restarted = False
+        for counter, name in self.COUNTERS:
+            now, before = getattr(s, counter), getattr(prev, counter)
+            if now < before:
+                restarted = True
+            out[name] = now if now < before else now - before
+        if restarted:
+            self.restarts += 1
+        gap_ms = s.event_time - prev.event_time
+        out["gpu_seconds"] = min(gap_ms, self.max_gap_ms) / 1000 * s.gpu_count
+        return out

@@ -1,0 +1,212 @@
+"""The load picture against hand-computed expectations.
+
+Scenario (pool "p", fast window 10 s = seconds 100..109, cost window 20 s = 90..109,
+watermark 110.000 s):
+- replicas r1, r2 (4 GPUs each, H100 at $3.60/GPU-h = $0.001/GPU-s) sample every second
+  from 90 to 109: r1 waiting 4, KV 0.6, one preemption per second; r2 waiting 2, KV 0.8;
+  both +100 prompt and +50 generation tokens per second. r3 last sampled at 93 s: stale (17 s > 15 s).
+- seconds 100..109, each: 6 received (5 first attempts, 1 retry), 5 completed
+  (TTFT 1.0 s, TPOT 0.05 s, queue 0.2 s; 4 of them task_final), 1 failed.
+- seconds 90..99, each: 5 completed, 4 task_final.
+
+By hand:
+  demand   6 req/s  ÷ (10 req/s × 2 fresh)              = 0.30
+  queue    waiting 6 ÷ drain 5/s = 1.2 s ÷ (0.5 × 2.0 s)  = 1.20
+  kv       mean(0.6, 0.8, stale 1.0) = 0.8 ÷ 0.9         = 0.888…  (preemptions 0.5/s/replica ÷ 1.0 = 0.5)
+  compute  300 tok/s ÷ (0.5 × 1000 × 2)                  = 0.30
+  latency  p95 TTFT 1.0 ÷ 2.0 = 0.5, TPOT 0.05 ÷ 0.1 = 0.5 → 0.5 (±1% sketch)
+  errors   failed 10/60 = 0.1667 ÷ 0.1 = 1.667; retries 60/50 − 1 = 0.2 ÷ 0.5 = 0.4 → 1.667
+  cost     2 × 19 s × 4 GPUs = 152 GPU-s = $0.152 ÷ 80 tasks = $0.0019 ÷ $0.5 = 0.0038
+  pool     1.667, bound by errors
+"""
+
+import pytest
+
+from pipeline.events import ReplicaSample, RequestEvent
+from pipeline.load.partial import Partial, PartialBuilder
+from pipeline.load.picture import PictureConfig, PoolState
+from pipeline.load.profiles import build_profiles
+from pipeline.sim.specimens import replica_sample, request_event
+
+PROFILE = build_profiles({"test": {
+    "slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "latency_limit": 1.0, "capacity_rps_per_replica": 10,
+    "queue_wait_fraction": 0.5, "kv_limit": 0.9, "preemptions_per_s_limit": 1.0, "peak_tokens_per_s": 1000,
+    "compute_limit": 0.5, "error_budget": 0.1, "retry_budget": 0.5, "cost_budget_per_task": 0.5}})["test"]
+CONFIG = PictureConfig(PROFILE, {"H100-80GB": 3.6}, fast_window_s=10, cost_window_s=20,
+                       allowed_lateness_s=5, stale_after_s=15)
+
+
+def req(second, phase, attempt=1, final=False, **kw):
+    fields = request_event(event_time=second * 1000 + 500, phase=phase, attempt=attempt, pool="p",
+                           task_final=final, **({"ttft_s": 1.0, "tpot_s": 0.05, "queue_s": 0.2} | kw))
+    return RequestEvent(**fields)
+
+
+def sample(replica, second, waiting, kv, preemptions, gpus=4):
+    n = second - 90
+    return ReplicaSample(**replica_sample(
+        replica_id=replica, pool="p", event_time=second * 1000, requests_waiting=waiting, kv_cache_usage=kv,
+        gpu_count=gpus, preemptions_total=preemptions, prompt_tokens_total=100 * n,
+        generation_tokens_total=50 * n, prefix_cache_hits_total=0, prefix_cache_queries_total=0))
+
+
+def scenario_partials():
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(90, 110):
+        builder.fold_sample(sample("r1", second, 4, 0.6, second - 90))
+        builder.fold_sample(sample("r2", second, 2, 0.8, 0))
+    builder.fold_sample(sample("r3", 93, 0, 0.2, 0))
+    for second in range(100, 110):
+        for i in range(5):
+            builder.fold_request(req(second, "received"))
+            builder.fold_request(req(second, "completed", final=i < 4))
+        builder.fold_request(req(second, "received", attempt=2))
+        builder.fold_request(req(second, "failed", attempt=2, ttft_s=None, tpot_s=None))
+    for second in range(90, 100):
+        for i in range(5):
+            builder.fold_request(req(second, "completed", final=i < 4))
+    builder.fold_request(RequestEvent(**request_event(event_time=110_000, phase="received", pool="p")))
+    return builder.drain(tick=1)
+
+
+@pytest.fixture
+def picture():
+    state = PoolState("p")
+    for partial in scenario_partials():
+        assert state.merge(Partial.from_bytes(partial.to_bytes()), CONFIG)
+    return state.snapshot(CONFIG)
+
+
+@pytest.mark.parametrize("axis,value,pressure", [
+    ("demand", 6.0, 0.3),
+    ("queue", 1.2, 1.2),
+    ("kv_cache", 0.8, 0.8 / 0.9),
+    ("compute", 300.0, 0.3),
+    ("errors", 10 / 60, (10 / 60) / 0.1),
+    ("cost", 0.152 / 80, 0.152 / 80 / 0.5),
+])
+def test_axis_by_hand(picture, axis, value, pressure):
+    assert picture["axes"][axis]["value"] == pytest.approx(value, rel=1e-5)
+    assert picture["axes"][axis]["pressure"] == pytest.approx(pressure, rel=1e-5)
+
+
+def test_latency_axis_within_sketch_error(picture):
+    latency = picture["axes"]["latency"]
+    assert abs(latency["value"] - 0.5) <= 0.5 * 0.01 + 1e-6
+    assert abs(latency["detail"]["ttft_p95_s"] - 1.0) <= 0.01 + 1e-6
+
+
+def test_pool_pressure_is_the_maximum_axis(picture):
+    assert picture["pressure"] == pytest.approx(10 / 60 / 0.1, rel=1e-5)
+    assert picture["binding_axis"] == "errors"
+    assert picture["axes"]["kv_cache"]["detail"]["preemptions_per_s_per_replica"] == pytest.approx(0.5)
+    assert picture["axes"]["errors"]["detail"]["retry_amplification"] == pytest.approx(1.2)
+
+
+def test_stale_replica_counts_as_saturated_and_leaves_capacity(picture):
+    assert picture["replicas"] == {"total": 3, "fresh": 2, "stale": 1, "unhealthy": 0, "stale_ids": ["r3"]}
+    assert picture["axes"]["demand"]["limit"] == 20
+
+
+def test_all_replicas_stale_means_no_capacity():
+    state = PoolState("p")
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_sample(sample("r1", 80, 0, 0.1, 0))
+    builder.fold_request(req(95, "received"))
+    builder.fold_request(req(100, "received"))
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    snap = state.snapshot(CONFIG)
+    assert snap["axes"]["demand"]["limit"] == 0
+    assert snap["axes"]["demand"]["pressure"] == 10.0
+    assert snap["axes"]["kv_cache"]["value"] == 1.0
+
+
+def test_duplicate_partial_is_not_counted_twice():
+    state = PoolState("p")
+    partials = scenario_partials()
+    for partial in partials:
+        state.merge(partial, CONFIG)
+    before = state.snapshot(CONFIG)
+    for partial in scenario_partials():
+        assert not state.merge(partial, CONFIG)
+    after = state.snapshot(CONFIG)
+    assert after["axes"] == before["axes"] and after["duplicate_partials"] == len(partials)
+
+
+def test_late_events_are_counted_and_left_out():
+    state = PoolState("p")
+    for partial in scenario_partials():
+        state.merge(partial, CONFIG)
+    late = PartialBuilder("raw/1", 15)
+    for _ in range(7):
+        late.fold_request(req(103, "received"))     # 103 < 110 − 5: closed
+    within = PartialBuilder("raw/2", 15)
+    within.fold_request(req(106, "received"))       # 106 ≥ 105: still open
+    for partial in late.drain(2) + within.drain(2):
+        state.merge(partial, CONFIG)
+    snap = state.snapshot(CONFIG)
+    assert snap["late_events"] == 7
+    assert snap["axes"]["demand"]["value"] == pytest.approx(6.1)
+
+
+def test_a_replica_silent_past_the_cost_window_is_forgotten():
+    state = PoolState("p")
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_sample(sample("gone", 60, 0, 0.1, 0))
+    builder.fold_sample(sample("r1", 110, 0, 0.1, 0))
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    assert set(state.replicas) == {"r1"}
+
+
+def test_out_of_order_events_within_the_bound_are_folded():
+    in_order, shuffled = PoolState("p"), PoolState("p")
+    partials = scenario_partials()
+    for partial in partials:
+        in_order.merge(partial, CONFIG)
+    builder = PartialBuilder("raw/0", 15)
+    events = [req(s, "received") for s in range(100, 110)]
+    for e in reversed(events):
+        builder.fold_request(e)
+    a, b = PoolState("p"), PoolState("p")
+    for e in events:
+        one = PartialBuilder("x", 15)
+        one.fold_request(e)
+        a.merge(one.drain(e.event_time)[0], CONFIG)
+    for partial in builder.drain(9):
+        b.merge(partial, CONFIG)
+    assert a.snapshot(CONFIG)["axes"]["demand"] == b.snapshot(CONFIG)["axes"]["demand"]
+
+
+def test_state_round_trips_through_the_changelog_form(picture):
+    state = PoolState("p")
+    for partial in scenario_partials():
+        state.merge(partial, CONFIG)
+    again = PoolState.from_dict(state.to_dict())
+    assert again.snapshot(CONFIG) == state.snapshot(CONFIG)
+
+
+def test_counter_reset_is_a_restart_not_a_negative_delta():
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_sample(sample("r1", 100, 0, 0.5, 5))
+    builder.fold_sample(sample("r1", 101, 0, 0.5, 7))
+    restarted = sample("r1", 102, 0, 0.5, 0)
+    restarted.preemptions_total = 1
+    restarted.prompt_tokens_total = 30
+    builder.fold_sample(restarted)
+    (partial,) = builder.drain(1)
+    deltas = partial.replicas["r1"].seconds
+    assert deltas[101]["preemptions"] == 2 and deltas[102]["preemptions"] == 1
+    assert deltas[102]["prompt_tokens"] == 30
+    assert builder.tracker.restarts == 1
+
+
+def test_out_of_order_sample_is_not_differenced():
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_sample(sample("r1", 100, 0, 0.5, 5))
+    builder.fold_sample(sample("r1", 99, 3, 0.9, 1))
+    (partial,) = builder.drain(1)
+    assert partial.replicas["r1"].seconds == {}
+    assert partial.replicas["r1"].latest.event_time == 100_000
+    assert builder.tracker.out_of_order == 1
