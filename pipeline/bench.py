@@ -63,12 +63,8 @@ def _rss_mib(pid: int) -> float:
 
 
 def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
-    ns = f"bench{uuid.uuid4().hex[:6]}"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run_settings = replace(settings, topic_namespace=ns, app_id=f"sluice-{ns}", web_port=port,
-                           kafka_bootstrap_servers=bootstrap_servers(settings), state_dir=work_dir / ns)
+    run_settings = _isolated(settings, work_dir)
+    ns = run_settings.topic_namespace
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     requests_only = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=11,
@@ -115,16 +111,84 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
     }
 
 
+def _isolated(settings: Settings, work_dir: Path) -> Settings:
+    """Settings for one bench stage: its own topics, group, port and store."""
+    ns = f"bench{uuid.uuid4().hex[:6]}"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return replace(settings, topic_namespace=ns, app_id=f"sluice-{ns}", web_port=port,
+                   kafka_bootstrap_servers=bootstrap_servers(settings), state_dir=work_dir / ns)
+
+
+async def _collect_lags(settings: Settings, bootstrap: str, stop: asyncio.Event) -> list[float]:
+    """published_at − watermark of every picture published until ``stop`` is set."""
+    topic = topics.LOAD.name(settings)
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest",
+                                group_id=f"{settings.app_id}-lag-reader")
+    await consumer.start()
+    lags: list[float] = []
+    try:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                for message in messages:
+                    picture = orjson.loads(message.value)
+                    lags.append((picture["published_at_ms"] - picture["watermark_ms"]) / 1000)
+    finally:
+        await consumer.stop()
+    return lags
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path) -> dict:
+    """Picture lag at a stated rate: events are produced in real time, event time = production time."""
+    run_settings = _isolated(settings, work_dir)
+    bootstrap = run_settings.kafka_bootstrap_servers
+    asyncio.run(topics.ensure_topics(run_settings, bootstrap))
+    events_per_request = 4.4  # received, admitted, first_token, terminal (+ retries), measured on the trace
+    worker = WorkerProcess(run_settings, work_dir / f"{run_settings.topic_namespace}-lag-worker.log")
+    try:
+        worker.start()
+
+        async def measure() -> tuple[list[float], int]:
+            stop = asyncio.Event()
+            reader = asyncio.create_task(_collect_lags(run_settings, bootstrap, stop))
+            await asyncio.sleep(1.0)
+            stream = generate(load_trace(), rate=events_per_s / events_per_request, seconds=seconds, seed=3,
+                              start_ms=int(time.time() * 1000))
+            produced = await produce(run_settings, bootstrap, stream, paced=True)
+            await asyncio.sleep(3 * run_settings.tick_s + 1)
+            stop.set()
+            return await reader, produced.total
+
+        lags, total = asyncio.run(measure())
+        rss = _rss_mib(worker.pid)
+    finally:
+        worker.stop()
+    return {"target_events_per_s": events_per_s, "achieved_events_per_s": round(total / seconds),
+            "seconds": seconds, "tick_s": run_settings.tick_s, "pictures": len(lags),
+            "picture_lag_p50_s": _percentile(lags, 0.5), "picture_lag_p99_s": _percentile(lags, 0.99),
+            "worker_rss_mib": round(rss, 1)}
+
+
 def print_table(figures: dict) -> None:
     width = max(len(k) for k in figures)
     for key, value in figures.items():
         print(f"{key:<{width}}  {value}")
 
 
-def main(settings: Settings, events: int, as_json: bool) -> int:
+def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_seconds: float) -> int:
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
-    figures = {"ingest": bench_ingest(settings, events, work_dir)}
+    figures = {"ingest": bench_ingest(settings, events, work_dir),
+               "picture_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir)}
     if as_json:
         print(json.dumps(figures, indent=2))
     else:

@@ -129,6 +129,24 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    import logging
+
+    from .collectors.vllm import Collector, Target, run
+    from .devstack.kafka import bootstrap_servers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = _settings()
+    target = Target(url=args.url, pool=args.pool, replica=args.replica, hardware=args.hardware,
+                    gpu_count=args.gpu_count, engine=args.engine, dcgm_url=args.dcgm_url)
+    collector = Collector(target, unhealthy_after=args.unhealthy_after)
+    try:
+        asyncio.run(run(settings, bootstrap_servers(settings), collector, args.interval, args.iterations))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     if args.markdown:
         print(settings_table())
@@ -146,7 +164,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
-    return bench_main(_settings(), events=args.events, as_json=args.json)
+    return bench_main(_settings(), events=args.events, as_json=args.json, lag_rate=args.lag_rate,
+                      lag_seconds=args.lag_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--iterations", type=int, default=None, help="stop after this many redraws")
     top.set_defaults(func=cmd_top)
 
+    collect = sub.add_parser("collect", help="scrape a serving engine and publish ReplicaSamples")
+    collect.add_argument("engine", choices=("vllm", "sglang"))
+    collect.add_argument("--url", required=True, help="the engine's Prometheus endpoint, e.g. http://host:8000/metrics")
+    collect.add_argument("--pool", required=True)
+    collect.add_argument("--replica", required=True)
+    collect.add_argument("--hardware", required=True, help="accelerator type as priced, e.g. H100-80GB")
+    collect.add_argument("--gpu-count", type=int, default=1)
+    collect.add_argument("--dcgm-url", help="optional DCGM exporter endpoint on the same host")
+    collect.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    collect.add_argument("--unhealthy-after", type=int, default=3, help="failed scrapes in a row before unhealthy")
+    collect.add_argument("--iterations", type=int, default=None, help="stop after this many samples")
+    collect.set_defaults(func=cmd_collect)
+
     settings = sub.add_parser("settings", help="show the effective settings (secrets masked)")
     settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")
     settings.set_defaults(func=cmd_settings)
@@ -196,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure stage figures against a baseline in the same run")
     bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")
+    bench.add_argument("--lag-rate", type=float, default=5000, help="events/s for the picture-lag stage")
+    bench.add_argument("--lag-seconds", type=float, default=30, help="seconds of real-time traffic for it")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -210,3 +210,21 @@ def test_out_of_order_sample_is_not_differenced():
     assert partial.replicas["r1"].seconds == {}
     assert partial.replicas["r1"].latest.event_time == 100_000
     assert builder.tracker.out_of_order == 1
+
+
+def test_state_is_bounded_by_pools_and_replicas_not_requests():
+    """An hour of traffic at 50 req/s leaves at most the windows' worth of seconds in the state."""
+    state = PoolState("p")
+    for minute in range(60):
+        builder = PartialBuilder("raw/0", 15)
+        for second in range(minute * 60, minute * 60 + 60):
+            builder.fold_sample(sample("r1", second, 1, 0.5, 0))
+            for i in range(50):
+                builder.fold_request(req(second, "completed", final=True, task_id=f"t{second}-{i}"))
+        for partial in builder.drain(minute):
+            state.merge(partial, CONFIG)
+    window = CONFIG.cost_window_s + CONFIG.allowed_lateness_s + 2
+    assert len(state.requests) <= window
+    assert all(len(r.seconds) <= window for r in state.replicas.values())
+    assert len(state.seen) <= 2
+    assert len(PoolState.from_dict(state.to_dict()).requests) == len(state.requests)

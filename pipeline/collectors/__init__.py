@@ -1,0 +1,1 @@
+"""GPU-side collectors: scrape serving engines' Prometheus endpoints, publish ReplicaSamples."""

@@ -1,0 +1,108 @@
+"""``sluice collect vllm``: scrape an engine every interval and publish ReplicaSamples.
+
+A failed or garbled scrape is logged and counted and the loop goes on; after
+``unhealthy_after`` failures in a row the replica is published as unhealthy
+(with its last good counters), so the picture stops counting its capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from prometheus_client import Counter
+
+from .. import topics
+from ..events import SCHEMA_VERSION, ReplicaSample, decode
+from ..metrics import REGISTRY
+from ..settings import Settings
+from .engine_metrics import ScrapeError, parse_dcgm, parse_engine
+
+log = logging.getLogger(__name__)
+
+SCRAPE_FAILURES = Counter("sluice_collector_scrape_failures_total", "Engine scrapes that failed or were garbled.",
+                          ["replica"], registry=REGISTRY)
+
+
+@dataclass
+class Target:
+    url: str
+    pool: str
+    replica: str
+    hardware: str
+    gpu_count: int = 1
+    engine: str = "vllm"
+    dcgm_url: str | None = None
+    timeout_s: float = 2.0
+
+
+@dataclass
+class Collector:
+    target: Target
+    unhealthy_after: int = 3
+    failures_in_a_row: int = 0
+    last_good: dict[str, float] = field(default_factory=dict)
+    scrapes: int = 0
+    failures: int = 0
+
+    def _fetch(self, url: str) -> str:
+        with urllib.request.urlopen(url, timeout=self.target.timeout_s) as response:
+            return response.read(8 * 1024 * 1024).decode("utf-8", errors="replace")
+
+    def collect(self, now_ms: int) -> dict[str, Any]:
+        """One scrape → one ReplicaSample document (always valid, healthy or not)."""
+        self.scrapes += 1
+        try:
+            fields = parse_engine(self._fetch(self.target.url), self.target.engine)
+            if self.target.dcgm_url:
+                try:
+                    fields.update(parse_dcgm(self._fetch(self.target.dcgm_url)))
+                except (OSError, ScrapeError) as exc:
+                    log.warning("DCGM scrape of %s failed: %s", self.target.dcgm_url, exc)
+            self.failures_in_a_row = 0
+            self.last_good = fields
+        except (OSError, ScrapeError, ValueError) as exc:
+            self.failures += 1
+            self.failures_in_a_row += 1
+            SCRAPE_FAILURES.labels(self.target.replica).inc()
+            log.warning("scrape of %s failed (%d in a row): %s", self.target.url, self.failures_in_a_row, exc)
+            fields = dict(self.last_good) or {"requests_running": 0, "requests_waiting": 0, "kv_cache_usage": 0.0,
+                                              "preemptions_total": 0.0, "prompt_tokens_total": 0.0,
+                                              "generation_tokens_total": 0.0, "prefix_cache_hits_total": 0.0,
+                                              "prefix_cache_queries_total": 0.0}
+        healthy = self.failures_in_a_row < self.unhealthy_after
+        return {"schema_version": SCHEMA_VERSION, "event_id": str(uuid.uuid4()), "event_time": now_ms,
+                "replica_id": self.target.replica, "pool": self.target.pool, "hardware": self.target.hardware,
+                "gpu_count": self.target.gpu_count, "healthy": healthy, **fields}
+
+
+async def run(settings: Settings, bootstrap: str, collector: Collector, interval_s: float,
+              iterations: int | None = None) -> int:
+    """Scrape and publish until cancelled (or ``iterations`` samples); returns samples published."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    topic = topics.REPLICAS.name(settings)
+    key = collector.target.replica.encode()
+    published = 0
+    try:
+        while iterations is None or published < iterations:
+            started = time.monotonic()
+            document = await asyncio.to_thread(collector.collect, int(time.time() * 1000))
+            value = orjson.dumps(document)
+            checked = decode(ReplicaSample, value, key, settings.max_event_bytes)
+            if isinstance(checked, ReplicaSample):
+                await producer.send_and_wait(topic, value, key=key)
+                published += 1
+            else:
+                log.error("collector built an invalid sample (%s: %s); not published", checked.reason, checked.detail)
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        await producer.stop()
+    return published

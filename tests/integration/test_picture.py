@@ -1,0 +1,119 @@
+"""The load picture through the real broker and workers, against an offline computation over the same events."""
+
+import math
+import time
+
+import pytest
+
+from pipeline import topics
+from pipeline.pools_view import latest_pictures
+from pipeline.sim.producer import produce
+from pipeline.sim.replay import generate, load_trace
+from tests.conftest import run, wait_for
+from tests.integration.kafka_helpers import group_lag
+
+pytestmark = pytest.mark.integration
+
+FAST = 10
+START_MS = 1_700_000_000_000
+
+
+def five_minutes_of_trace():
+    trace = load_trace()
+    natural_rate = len(trace) / trace[-1].offset_s
+    return list(generate(trace, rate=natural_rate, seconds=300, seed=5, start_ms=START_MS))
+
+
+def offline(events, pool):
+    """What the picture must say for ``pool``, computed directly from the events."""
+    mine = [e.event for e in events if e.event["pool"] == pool]
+    watermark = max(e["event_time"] for e in mine)
+    end = watermark // 1000
+    window = [e for e in mine if end - FAST <= e["event_time"] // 1000 < end and "phase" in e]
+    finished = [e for e in window if e["phase"] in ("completed", "failed")]
+    ttft = sorted(e["ttft_s"] for e in window if e["phase"] == "completed" and "ttft_s" in e)
+    quantile = {q: ttft[math.floor(v * (len(ttft) - 1))] for q, v in (("p50", .5), ("p95", .95), ("p99", .99))}
+    return {"watermark_ms": watermark,
+            "arrival_rps": sum(e["phase"] == "received" for e in window) / FAST,
+            "input_tokens_per_s": sum(e["input_tokens"] for e in finished) / FAST,
+            "output_tokens_per_s": sum(e["output_tokens"] for e in finished) / FAST,
+            "ttft": quantile}
+
+
+def assert_matches(picture, expected):
+    assert picture["watermark_ms"] == expected["watermark_ms"]
+    for rate in ("arrival_rps", "input_tokens_per_s", "output_tokens_per_s"):
+        assert picture["rates"][rate] == pytest.approx(expected[rate], rel=0.02), rate
+    for q, value in expected["ttft"].items():
+        assert picture["latency_s"]["ttft"][q] == pytest.approx(value, rel=0.02), q
+
+
+def converged(settings, expected):
+    """All pools' pictures published at the final watermark and unchanged over a second."""
+    def read():
+        return run(latest_pictures(settings, settings.kafka_bootstrap_servers))
+
+    def done():
+        first = read()
+        if set(first) != set(expected) or any(first[p]["watermark_ms"] != expected[p]["watermark_ms"]
+                                               for p in expected):
+            return None
+        time.sleep(2 * settings.tick_s + 0.5)
+        second = read()
+        same = all(second[p]["axes"] == first[p]["axes"] and second[p]["rates"] == first[p]["rates"] for p in first)
+        return second if same else None
+
+    return wait_for(done, 180, interval_s=0.5, message="pictures to converge")
+
+
+def raw_committed(settings):
+    raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
+    return run(group_lag(settings.kafka_bootstrap_servers, settings.app_id, raw)) == 0
+
+
+@pytest.fixture
+def backfill(settings):
+    """Replays run faster than real time, so partitions drift apart in event time: allow for it."""
+    from dataclasses import replace
+
+    return replace(settings, allowed_lateness_s=600, topic_partitions=8)
+
+
+def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker_factory):
+    events = five_minutes_of_trace()
+    pools = sorted({e.event["pool"] for e in events})
+    expected = {pool: offline(events, pool) for pool in pools}
+    first = worker_factory(**backfill_overrides(backfill)).start()
+    run(produce(backfill, backfill.kafka_bootstrap_servers, events, paced=False))
+    pictures = converged(backfill, expected)
+    for pool in pools:
+        assert_matches(pictures[pool], expected[pool])
+        assert pictures[pool]["late_events"] == 0
+
+    wait_for(lambda: raw_committed(backfill), 60, message="stage 1 to commit")
+    killed_at_ms = int(time.time() * 1000)
+    first.kill()
+    second = worker_factory(**backfill_overrides(backfill)).start()
+    restored = wait_for(lambda: (p := run(latest_pictures(backfill, backfill.kafka_bootstrap_servers))) and all(
+        p[pool]["published_at_ms"] > killed_at_ms for pool in pools) and p, 120, interval_s=0.5,
+        message="the restarted worker to republish every pool")
+    for pool in pools:
+        assert restored[pool]["axes"] == pictures[pool]["axes"], f"{pool} restored from the changelog"
+        assert restored[pool]["rates"] == pictures[pool]["rates"]
+    second.stop()
+
+
+def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory):
+    events = five_minutes_of_trace()
+    pools = sorted({e.event["pool"] for e in events})
+    expected = {pool: offline(events, pool) for pool in pools}
+    workers = [worker_factory(**backfill_overrides(backfill)).start() for _ in range(2)]
+    run(produce(backfill, backfill.kafka_bootstrap_servers, events, paced=False))
+    pictures = converged(backfill, expected)
+    for pool in pools:
+        assert_matches(pictures[pool], expected[pool])
+    assert all(w.counts().accepted > 0 for w in workers), "the group split stage 1 between both workers"
+
+
+def backfill_overrides(settings):
+    return {"allowed_lateness_s": settings.allowed_lateness_s, "topic_partitions": settings.topic_partitions}
