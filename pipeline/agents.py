@@ -2,11 +2,11 @@
 
 ``faust -A pipeline.agents worker`` and ``sluice worker`` both run it.
 
-Stage 1 (raw topics) takes batches with ``noack_take`` and acks them only
-after their dead letters are delivered and their rows are durable, so
-committed offsets never run ahead of what has landed. It also folds accepted
-events into per-pool partials, one builder per source partition, published
-to ``sluice.partials.v1`` (key: pool) every tick.
+Stage 1 (raw topics, consumer group ``<app_id>-stage1``) fetches batches and
+commits them only after their dead letters are delivered and their rows are
+durable, so committed offsets never run ahead of what has landed. It also
+folds accepted events into per-pool partials, one builder per source
+partition, published to ``sluice.partials.v1`` (key: pool) every tick.
 
 Stage 2 (partials, co-partitioned by pool) keeps each partial in a changelog
 table until it leaves the cost window and merges it into an in-memory
@@ -52,6 +52,7 @@ class Stage1:
         self.store: Store | None = None
         self.sink: ClickHouseSink | None = None
         self.builders: dict[tuple[str, int], PartialBuilder] = {}
+        self.consumer: Any = None
         self._last_tick = 0
         self._ready_lock = asyncio.Lock()
 
@@ -74,42 +75,113 @@ class Stage1:
                 f"{topic}/{partition}", self.settings.replica_stale_after_s)
         return builder
 
-    async def handle(self, cls: type[Event], stream: Any, batch: list[Any]) -> None:
+    async def handle(self, cls: type[Event], records: list[Record]) -> asyncio.Task:
+        """Decode, dead-letter and fold one batch of one raw topic.
+
+        Returns once its dead letters are delivered, with its rows still landing
+        in the returned task, so the next batch is decoded while ClickHouse
+        writes this one; the caller commits only after the task is done.
+        """
         started = time.perf_counter()
         if self.sink is None:
             await self.ready()
-        records = [Record(e.message.topic, e.message.partition, e.message.offset,
-                          int(e.message.timestamp * 1000) if e.message.timestamp else None,
-                          e.message.key, e.message.value) for e in batch]
         topic = records[0].topic
         outcome = process_batch(cls, records, self.settings.max_event_bytes, int(time.time() * 1000))
         pending = [await self.dead_letter_topic.send(key=key, value=value) for key, value in outcome.dead_letters]
         if pending:
             await asyncio.gather(*pending)
-        await self.sink.land(outcome.table, outcome.rows, outcome.dedup_token)
         for partition, event in outcome.events:
             builder = self._builder(topic, partition)
             if cls is RequestEvent:
                 builder.fold_request(event)
             else:
                 builder.fold_sample(event)
-        for event in batch:
-            await stream.ack(event)
-        metrics.EVENTS_ACCEPTED.labels(topic).inc(len(outcome.rows))
-        for reason, count in outcome.reasons.items():
-            metrics.EVENTS_DEAD_LETTERED.labels(topic, reason).inc(count)
+        metrics.count_dead_letters(topic, outcome.reasons)
         if outcome.newest_event_ms:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(outcome.newest_event_ms / 1000)
-        metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+
+        async def land() -> None:
+            await self.sink.land(outcome.table, outcome.rows, outcome.dedup_token)
+            metrics.EVENTS_ACCEPTED.labels(topic).inc(len(outcome.rows))
+            metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+
+        return asyncio.ensure_future(land())
+
+    async def consume(self, bootstrap: str) -> None:
+        """Stage 1's loop: fetch a batch per poll, handle it per topic, commit it once it has landed.
+
+        A batch is read with aiokafka's ``getmany`` rather than through a Faust
+        stream: stage 1 sees every raw event, and per-message stream machinery
+        cost more than all of stage 1's own work (see docs/load-picture.md).
+        One batch lands while the next is decoded; offsets are committed in
+        order, each only after its batch's rows are durable.
+        """
+        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+        from aiokafka.errors import CommitFailedError, IllegalStateError
+
+        stage1 = self
+        inflight: list[tuple[list[asyncio.Task], dict]] = []
+
+        async def settle() -> None:
+            """Wait for the batch in flight to land, then commit it."""
+            while inflight:
+                tasks, offsets = inflight.pop(0)
+                await asyncio.gather(*tasks)
+                try:
+                    await consumer.commit(offsets)
+                except (CommitFailedError, IllegalStateError) as exc:
+                    # a rebalance moved the partitions mid-batch: the new owner reads the batch again
+                    # (landing drops the duplicate rows; the picture may count it twice)
+                    log.warning("stage 1 commit after rebalance failed: %s", exc)
+
+        class Revoke(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await settle()
+                await stage1.publish_partials()  # what was folded from them goes out before they move
+                for tp in revoked:
+                    stage1.builders.pop((tp.topic, tp.partition), None)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                pass
+
+        s = self.settings
+        await self.ready()
+        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=topics.stage1_group(s), enable_auto_commit=False,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=topics.raw_topic_max_bytes(s),
+            fetch_max_bytes=max(52428800, topics.raw_topic_max_bytes(s)), max_poll_records=s.ingest_batch_max)
+        consumer.subscribe(list(classes), listener=Revoke())
+        await consumer.start()
+        self.consumer = consumer
+        try:
+            while True:
+                fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
+                                                 max_records=s.ingest_batch_max)
+                if not fetched:
+                    await settle()
+                    continue
+                by_topic: dict[str, list[Record]] = {}
+                for tp, messages in fetched.items():
+                    by_topic.setdefault(tp.topic, []).extend(
+                        Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
+                landing = [await self.handle(classes[topic], records) for topic, records in by_topic.items()]
+                await settle()
+                inflight.append((landing, {tp: messages[-1].offset + 1 for tp, messages in fetched.items()}))
+        finally:
+            self.consumer = None
+            for tasks, _ in inflight:
+                for task in tasks:
+                    task.cancel()
+            await consumer.stop()
 
     async def publish_partials(self) -> int:
         """Drain every builder; a partial's tick is a wall-clock millisecond, unique per drain."""
         tick = max(self._last_tick + 1, int(time.time() * 1000))
         self._last_tick = tick
-        sent = []
-        for builder in self.builders.values():
-            for partial in builder.drain(tick):
-                sent.append(await self.partials_topic.send(key=partial.pool.encode(), value=partial.to_bytes()))
+        drained = [partial for builder in list(self.builders.values()) for partial in builder.drain(tick)]
+        sent = [await self.partials_topic.send(key=partial.pool.encode(), value=partial.to_bytes())
+                for partial in drained]
         if sent:
             await asyncio.gather(*sent)
             metrics.PARTIALS_PUBLISHED.inc(len(sent))
@@ -203,6 +275,7 @@ def create_app(settings: Settings) -> faust.App:
         store="memory://",
         datadir=str(datadir),
         web_host=settings.web_host,
+        web_bind=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
         topic_partitions=topics.PARTIALS.partitions(settings),
@@ -210,7 +283,6 @@ def create_app(settings: Settings) -> faust.App:
         consumer_max_fetch_size=topics.raw_topic_max_bytes(settings),
         producer_max_request_size=topics.dead_letter_max_bytes(settings) + 65536,
         broker_commit_interval=1.0,
-        stream_buffer_maxsize=max(4096, settings.ingest_batch_max * 2),
         consumer_auto_offset_reset="earliest",
         loghandlers=[],
     )
@@ -222,17 +294,6 @@ def create_app(settings: Settings) -> faust.App:
     stage1 = Stage1(settings, dead_letters, partials)
     stage2 = Stage2(settings, table, load)
     app.stage1, app.stage2 = stage1, stage2
-
-    def ingest_agent(spec: topics.TopicSpec, cls: type[Event], name: str) -> None:
-        async def ingest(stream: Any) -> None:
-            async for batch in stream.noack_take(settings.ingest_batch_max, within=settings.ingest_batch_within_s):
-                await stage1.handle(cls, stream, batch)
-
-        ingest.__name__ = ingest.__qualname__ = name
-        app.agent(_bytes_topic(app, settings, spec), name=f"{settings.app_id}.{name}")(ingest)
-
-    ingest_agent(topics.REQUESTS, RequestEvent, "ingest_requests")
-    ingest_agent(topics.REPLICAS, ReplicaSample, "ingest_replicas")
 
     @app.agent(partials, name=f"{settings.app_id}.pictures")
     async def pictures(stream: Any) -> None:
@@ -250,7 +311,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
-        consuming = bool(app.consumer.assignment()) if app.consumer else False
+        consuming = bool(stage1.consumer and stage1.consumer.assignment())
         ok = consuming and stage1.sink is not None and not stage1.sink.held
         body = {"ok": ok, "consuming": consuming, "store": stage1.store.backend if stage1.store else None,
                 "sink_held": bool(stage1.sink and stage1.sink.held)}
@@ -266,8 +327,8 @@ def create_app(settings: Settings) -> faust.App:
         return web.json({"pools": [stage2.snapshots[p] for p in sorted(stage2.snapshots)]})
 
     @app.task
-    async def open_store_early() -> None:
-        await stage1.ready()
+    async def stage1_loop() -> None:
+        await stage1.consume(bootstrap_servers(settings))
 
     return app
 

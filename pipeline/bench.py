@@ -152,7 +152,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
     run_settings = _isolated(settings, work_dir)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
-    events_per_request = 4.4  # received, admitted, first_token, terminal (+ retries), measured on the trace
+    events_per_request = 6.0  # lifecycle events per request incl. retries, plus replica samples: measured
     worker = WorkerProcess(run_settings, work_dir / f"{run_settings.topic_namespace}-lag-worker.log")
     try:
         worker.start()

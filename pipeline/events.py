@@ -97,13 +97,19 @@ VALIDATORS = {name: compile_schema(load_schema(name), name)
               for name in ("request_event", "replica_sample", "admission_signal", "dead_letter")}
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def as_dict(event: Any) -> dict[str, Any]:
     """The event's wire form: every set field, optional ``None`` fields left out."""
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in fields(event))
     out = {}
-    for f in fields(event):
-        value = getattr(event, f.name)
+    for name in names:
+        value = getattr(event, name)
         if value is not None:
-            out[f.name] = value
+            out[name] = value
     return out
 
 

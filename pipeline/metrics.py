@@ -28,6 +28,11 @@ NEWEST_EVENT_TIME = Gauge("sluice_newest_event_time_seconds",
                           ["topic"], registry=REGISTRY)
 
 
+def count_dead_letters(topic: str, reasons: dict[str, int]) -> None:
+    for reason, count in reasons.items():
+        EVENTS_DEAD_LETTERED.labels(topic, reason).inc(count)
+
+
 def exposition() -> bytes:
     return generate_latest(REGISTRY)
 

@@ -95,3 +95,8 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+def stage1_group(settings: Settings) -> str:
+    """Consumer group of stage 1 (raw topics); stage 2 is Faust's own group, ``app_id``."""
+    return f"{settings.app_id}-stage1"

@@ -60,6 +60,7 @@ def worker_factory(settings, tmp_path):
     started: list[WorkerProcess] = []
 
     def make(**overrides) -> WorkerProcess:
+        overrides.setdefault("web_port", free_port())
         worker = WorkerProcess(replace(settings, **overrides), tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker

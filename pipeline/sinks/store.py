@@ -44,6 +44,10 @@ class ChdbStore:
         from chdb import session
 
         path.mkdir(parents=True, exist_ok=True)
+        if _locked_by_another_process(path / "status"):
+            raise StoreUnavailable(
+                f"chdb store {path} is in use by another process (one process per embedded store); "
+                "run several workers against a ClickHouse server (CLICKHOUSE_URL), or give each its own chdb_path")
         try:
             self._session = session.Session(str(path))
         except Exception as exc:
@@ -113,6 +117,22 @@ class ServerStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _locked_by_another_process(status_file: Path) -> bool:
+    """chdb holds an exclusive flock on ``<dir>/status`` while a process has the store open."""
+    import fcntl
+
+    try:
+        with open(status_file, "rb") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        return False
+    return False
 
 
 def _quote(text: str) -> str:

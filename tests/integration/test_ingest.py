@@ -55,7 +55,7 @@ def check_dead_letters(settings, expected_reason) -> int:
 
 def all_consumed(settings) -> bool:
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    return run(group_lag(settings.kafka_bootstrap_servers, settings.app_id, raw)) == 0
+    return run(group_lag(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw)) == 0
 
 
 def test_worker_accepts_every_valid_and_dead_letters_every_invalid(settings, worker_factory):

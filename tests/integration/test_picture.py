@@ -68,7 +68,7 @@ def converged(settings, expected):
 
 def raw_committed(settings):
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    return run(group_lag(settings.kafka_bootstrap_servers, settings.app_id, raw)) == 0
+    return run(group_lag(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw)) == 0
 
 
 @pytest.fixture
@@ -103,11 +103,12 @@ def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker
     second.stop()
 
 
-def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory):
+def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory, tmp_path):
     events = five_minutes_of_trace()
     pools = sorted({e.event["pool"] for e in events})
     expected = {pool: offline(events, pool) for pool in pools}
-    workers = [worker_factory(**backfill_overrides(backfill)).start() for _ in range(2)]
+    workers = [worker_factory(**backfill_overrides(backfill), state_dir=tmp_path / f"w{i}").start()
+               for i in range(2)]  # one embedded store per process
     run(produce(backfill, backfill.kafka_bootstrap_servers, events, paced=False))
     pictures = converged(backfill, expected)
     for pool in pools:

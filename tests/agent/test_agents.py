@@ -1,0 +1,106 @@
+"""Faust glue without a broker: stage 1's batch handling with in-memory collaborators, and the
+stage-2 ``pictures`` agent in Faust's ``test_context()``."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from pipeline.agents import create_app
+from pipeline.events import ReplicaSample, RequestEvent
+from pipeline.ingest import Record
+from pipeline.load.partial import PartialBuilder
+from pipeline.settings import load_settings
+from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
+
+
+class MemorySink:
+    def __init__(self):
+        self.rows: dict[str, list[bytes]] = {}
+        self.held = False
+
+    async def land(self, table, rows, dedup_token):
+        self.rows.setdefault(table, []).extend(rows)
+
+
+class MemoryTopic:
+    def __init__(self):
+        self.sent: list[tuple[bytes, bytes]] = []
+
+    async def send(self, key, value):
+        self.sent.append((key, value))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+@pytest.fixture
+def app(tmp_path):
+    settings = load_settings(env={}, kafka_bootstrap_servers="127.0.0.1:9", state_dir=str(tmp_path),
+                             app_id="sluice-agent-test")
+    app = create_app(settings)
+    app.finalize()
+    app.conf.store = "memory://"
+    app.flow_control.resume()
+    app.stage1.sink = MemorySink()
+    app.stage1.dead_letter_topic = MemoryTopic()
+    app.stage1.partials_topic = MemoryTopic()
+    app.stage2.load_topic = MemoryTopic()
+    return app
+
+
+def records(topic, items):
+    return [Record(topic, 0, offset, None, key, value) for offset, (key, value) in enumerate(items)]
+
+
+def test_stage1_lands_good_dead_letters_bad_and_folds_partials(app):
+    good = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(5)]
+    bad = bad_inputs(app.stage1.settings.max_event_bytes)
+    batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in good] + [(k, v) for _, v, k in bad])
+
+    async def scenario():
+        await (await app.stage1.handle(RequestEvent, batch))
+        return await app.stage1.publish_partials()
+
+    assert asyncio.run(scenario()) == 1
+    landed = [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["request_events"]]
+    assert landed == [e["event_id"] for e in good]
+    assert [orjson.loads(v)["reason"] for _, v in app.stage1.dead_letter_topic.sent] == [r for r, _, _ in bad]
+    (key, value), = app.stage1.partials_topic.sent
+    partial = orjson.loads(value)
+    assert key == b"llama-70b-a" and partial["id"].startswith("raw/0/")
+    assert sum(b.get("completed", 0) for b in partial["requests"].values()) == 5
+
+
+def test_stage1_samples_land_in_their_table(app):
+    sample = replica_sample()
+    async def scenario():
+        await (await app.stage1.handle(ReplicaSample, records("raw", [(b"r1", orjson.dumps(sample))])))
+
+    asyncio.run(scenario())
+    assert [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["replica_samples"]] == [sample["event_id"]]
+
+
+def partial_bytes(source, tick, n):
+    builder = PartialBuilder(source, 15)
+    for i in range(n):
+        builder.fold_request(RequestEvent(**request_event(task_id=f"t{i}", event_time=1_700_000_000_000 + i)))
+    (partial,) = builder.drain(tick)
+    return partial.to_bytes()
+
+
+def test_pictures_agent_merges_once_per_partial_id_and_publishes(app):
+    pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
+    first, again, other = partial_bytes("raw/0", 1, 3), partial_bytes("raw/0", 1, 3), partial_bytes("raw/1", 1, 2)
+
+    async def scenario():
+        async with pictures.test_context() as agent:
+            for value in (first, again, other):
+                await agent.put(value, key=b"llama-70b-a")
+        return await app.stage2.publish()
+
+    assert asyncio.run(scenario()) == 1
+    state = app.stage2.states["llama-70b-a"]
+    assert state.partials_merged == 2 and state.duplicate_partials == 1
+    (key, value), = app.stage2.load_topic.sent
+    assert key == b"llama-70b-a" and orjson.loads(value)["partials_merged"] == 2
