@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 import faust
@@ -28,12 +29,15 @@ from aiohttp import web as aio_web
 
 from . import metrics, topics
 from .devstack.kafka import bootstrap_servers
-from .events import Event, ReplicaSample, RequestEvent
+from .admission.keyring import active_key
+from .admission.policy import STATES, Decision, changed, config_from, decide
+from .admission.signing import sign
+from .events import PRIORITIES, Event, ReplicaSample, RequestEvent
 from .ingest import Record, process_batch
 from .load.config import PictureConfigs
 from .load.partial import Partial, PartialBuilder
 from .load.picture import AXES, PoolState
-from .settings import Settings, load_settings
+from .settings import Settings, SettingsError, load_settings
 from .sinks.clickhouse import ClickHouseSink
 from .sinks.migrations import migrate
 from .sinks.store import Store, open_store
@@ -188,13 +192,53 @@ class Stage1:
         return len(sent)
 
 
+class Admission:
+    """Each tick, every local pool's latest picture → the policy → a signed signal when it changed
+    or the heartbeat is due."""
+
+    def __init__(self, settings: Settings, admission_topic: Any) -> None:
+        try:
+            self.config = config_from(settings.admission_policy)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        self.key_id, self.secret = active_key(settings)
+        self.heartbeat_ms = int(settings.heartbeat_s * 1000)
+        self.topic = admission_topic
+        self.decisions: dict[str, Decision] = {}
+        self.published: dict[str, tuple[Decision, int]] = {}
+
+    async def evaluate(self, pictures: dict[str, dict], now_ms: int) -> int:
+        sent = []
+        for pool, picture in pictures.items():
+            models = set(picture.get("models", ()))
+            siblings = [p for other, p in pictures.items() if other != pool and models & set(p.get("models", ()))]
+            decision = decide(picture, self.decisions.get(pool, Decision(pool)), self.config, now_ms, siblings)
+            self.decisions[pool] = decision
+            last = self.published.get(pool)
+            if last is not None and not changed(last[0], decision) and now_ms - last[1] < self.heartbeat_ms:
+                continue
+            signal = {"event_id": str(uuid.uuid4()), "event_time": now_ms, **decision.signal}
+            sent.append(await self.topic.send(key=pool.encode(), value=sign(signal, self.key_id, self.secret)))
+            self.published[pool] = (decision, now_ms)
+            metrics.SIGNALS_PUBLISHED.labels(pool).inc()
+            metrics.DECISION_LATENCY.labels(pool).observe(max(0.0, (now_ms - picture["watermark_ms"]) / 1000))
+            for state in STATES + ("stale",):
+                metrics.ADMISSION_STATE.labels(pool, state).set(1 if state == decision.state else 0)
+            for cls in PRIORITIES:
+                metrics.ADMIT_FRACTION.labels(pool, cls).set(decision.signal["admit_fraction"][cls])
+        if sent:
+            await asyncio.gather(*sent)
+        return len(sent)
+
+
 class Stage2:
     """Per-pool pictures from partials; the changelog table makes them survive restarts."""
 
-    def __init__(self, settings: Settings, table: Any, load_topic: Any) -> None:
+    def __init__(self, settings: Settings, table: Any, load_topic: Any, admission: Admission) -> None:
         self.configs = PictureConfigs(settings)
         self.table = table
         self.load_topic = load_topic
+        self.admission = admission
         self.states: dict[str, PoolState] = {}
         self.changed: set[str] = set()
         self.snapshots: dict[str, dict] = {}
@@ -254,6 +298,7 @@ class Stage2:
         self.changed.clear()
         if sent:
             await asyncio.gather(*sent)
+        await self.admission.evaluate(self.snapshots, int(now * 1000))
         return len(sent)
 
 
@@ -289,10 +334,11 @@ def create_app(settings: Settings) -> faust.App:
     dead_letters = _bytes_topic(app, settings, topics.DEADLETTER)
     partials = _bytes_topic(app, settings, topics.PARTIALS)
     load = _bytes_topic(app, settings, topics.LOAD)
+    admission = _bytes_topic(app, settings, topics.ADMISSION)
     table = app.Table("pool_partials", partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
                       value_type=bytes)
     stage1 = Stage1(settings, dead_letters, partials)
-    stage2 = Stage2(settings, table, load)
+    stage2 = Stage2(settings, table, load, Admission(settings, admission))
     app.stage1, app.stage2 = stage1, stage2
 
     @app.agent(partials, name=f"{settings.app_id}.pictures")

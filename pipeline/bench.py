@@ -19,11 +19,12 @@ from itertools import islice
 from pathlib import Path
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from . import topics
 from .devstack.kafka import bootstrap_servers
 from .settings import Settings
+from .topic_reader import open_from_beginning
 from .sim.producer import produce
 from .sim.replay import generate, load_trace
 from .worker_process import WorkerProcess
@@ -31,14 +32,9 @@ from .worker_process import WorkerProcess
 
 async def raw_consume_decode(bootstrap: str, topic: str, expected: int) -> float:
     """Seconds for a bare aiokafka consumer to fetch and orjson-decode ``expected`` records."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
-    await consumer.start()
+    consumer, _ = await open_from_beginning(bootstrap, topic, max_partition_fetch_bytes=4 * 1024 * 1024,
+                                            fetch_max_bytes=64 * 1024 * 1024)
     try:
-        await consumer._client._wait_on_metadata(topic)
-        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
         seen = 0
         started = time.perf_counter()
         while seen < expected:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import replace
 
 from .devstack.kafka import KafkaDevstack, bootstrap_servers
+from .pools_view import format_table, latest_pictures
 from .settings import Settings
 from .worker_process import WorkerProcess
 
@@ -68,6 +70,11 @@ def run_demo(settings: Settings, seconds: float, rate: float) -> int:
         while counts.accepted + counts.dead_lettered < produced.total and time.monotonic() < deadline:
             time.sleep(0.5)
             counts = worker.counts()
+
+        _step("the load picture (`sluice pools`): seven axes per pool, pressure = value ÷ limit")
+        time.sleep(2 * demo_settings.tick_s)
+        pictures = asyncio.run(latest_pictures(demo_settings, bootstrap))
+        print(format_table(pictures, use_colour=sys.stdout.isatty()))
     finally:
         worker.stop()
 

@@ -53,3 +53,17 @@ POOL_AXIS_VALUE = Gauge("sluice_pool_axis_value", "Raw axis value in the axis's 
                         ["pool", "axis"], registry=REGISTRY)
 POOL_LATE_EVENTS = Gauge("sluice_pool_late_events", "Events left out of the picture as too late, by pool.",
                          ["pool"], registry=REGISTRY)
+
+DECISION_LATENCY = Histogram("sluice_decision_latency_seconds",
+                             "Event time of a pool's newest input to its admission signal being published.",
+                             ["pool"], buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10), registry=REGISTRY)
+ADMISSION_STATE = Gauge("sluice_admission_state", "1 for the pool's current admission state, 0 for the others.",
+                        ["pool", "state"], registry=REGISTRY)
+ADMIT_FRACTION = Gauge("sluice_admit_fraction", "Share of new work admitted, by pool and priority class.",
+                       ["pool", "class"], registry=REGISTRY)
+SIGNALS_PUBLISHED = Counter("sluice_admission_signals_published_total", "Signed admission signals published.",
+                            ["pool"], registry=REGISTRY)
+
+ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
+                                "RequestEvents a router's emitter dropped because its buffer was full.",
+                                registry=REGISTRY)

@@ -12,11 +12,11 @@ import time
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from . import topics
 from .load.picture import AXES
 from .settings import Settings
+from .topic_reader import open_from_beginning, read_to_end
 
 SHORT = {"demand": "demand", "queue": "queue", "kv_cache": "kv", "compute": "compute", "latency": "latency",
          "errors": "errors", "cost": "cost"}
@@ -49,18 +49,6 @@ def format_table(pictures: dict[str, dict[str, Any]], use_colour: bool) -> str:
     return "\n".join(lines)
 
 
-async def _consumer(settings: Settings, bootstrap: str) -> tuple[AIOKafkaConsumer, dict]:
-    topic = topics.LOAD.name(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    await consumer._client._wait_on_metadata(topic)
-    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-    consumer.assign(parts)
-    await consumer.seek_to_beginning(*parts)
-    return consumer, await consumer.end_offsets(parts)
-
-
 def _absorb(pictures: dict, batch: dict) -> None:
     for messages in batch.values():
         for message in messages:
@@ -72,15 +60,10 @@ def _absorb(pictures: dict, batch: dict) -> None:
 
 async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float = 10.0) -> dict[str, dict]:
     """The newest picture of every pool, read from the compacted topic up to its end at call time."""
-    consumer, ends = await _consumer(settings, bootstrap)
+    consumer, ends = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
     pictures: dict[str, dict] = {}
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            positions = [await consumer.position(tp) for tp in ends]
-            if all(pos >= end for pos, end in zip(positions, ends.values())):
-                break
-            _absorb(pictures, await consumer.getmany(timeout_ms=200))
+        await read_to_end(consumer, ends, lambda batch: _absorb(pictures, batch), timeout_s)
     finally:
         await consumer.stop()
     return pictures
@@ -88,7 +71,7 @@ async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float =
 
 async def top(settings: Settings, bootstrap: str, refresh_s: float = 1.0, iterations: int | None = None) -> None:
     """Redraw the pools table every ``refresh_s`` until interrupted (or ``iterations`` redraws)."""
-    consumer, _ = await _consumer(settings, bootstrap)
+    consumer, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
     pictures: dict[str, dict] = {}
     use_colour = sys.stdout.isatty()
     drawn = 0

@@ -22,7 +22,7 @@ ENV_PREFIX = "SLUICE_"
 CONFIG_FILE_ENV = "SLUICE_CONFIG"
 ALIASES = {"kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "clickhouse_url": "CLICKHOUSE_URL",
            "clickhouse_user": "CLICKHOUSE_USER", "clickhouse_password": "CLICKHOUSE_PASSWORD"}
-SECRET_SETTINGS = {"clickhouse_password"}
+SECRET_SETTINGS = {"clickhouse_password", "signing_keys"}
 
 
 class SettingsError(ValueError):
@@ -100,6 +100,17 @@ class Settings:
     profiles: dict = field(default_factory=dict, metadata=_doc(
         "Profiles added to or overriding the built-in `interactive`, `balanced` and `batch` "
         "(limits and SLOs per axis; see docs/load-picture.md)."))
+    heartbeat_s: float = field(default=2.0, metadata=_doc(
+        "An admission signal is republished at least this often, so silence is told from stability.",
+        min=0.1, max=300))
+    admission_policy: dict = field(default_factory=dict, metadata=_doc(
+        "Overrides of the admission policy's knobs (thresholds, dwell, steps, floors, validity; "
+        "see docs/admission-signal.md)."))
+    signing_key_id: str = field(default="dev", metadata=_doc(
+        "Key id the controller signs admission signals with (must be in `signing_keys`)."))
+    signing_keys: dict = field(default_factory=dict, metadata=_doc(
+        "Key id → HMAC secret for admission signals; routers accept every id listed (rotation "
+        "overlap). Empty: a development key, with a warning. Never logged."))
     gpu_prices: dict = field(default_factory=dict, metadata=_doc(
         "Hardware → $ per GPU-hour, added to or overriding the built-in price table."))
 

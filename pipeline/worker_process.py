@@ -6,6 +6,7 @@ worker`` processes configured through the environment, as an operator would.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,8 +69,9 @@ def wait_healthy(base_url: str, timeout_s: float, process: subprocess.Popen | No
 def worker_env(settings: Settings) -> dict[str, str]:
     """This process's environment with ``settings`` as ``SLUICE_*`` variables (and no stray overrides)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) and k not in ALIASES.values()}
-    for name, value in settings.redacted().items():
-        env[ENV_PREFIX + name.upper()] = str(getattr(settings, name) if value == "***" else value)
+    for name in settings.redacted():
+        value = getattr(settings, name)
+        env[ENV_PREFIX + name.upper()] = json.dumps(value) if isinstance(value, dict) else str(value)
     return env
 
 

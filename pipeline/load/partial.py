@@ -22,17 +22,18 @@ class Partial:
     requests: dict[int, RequestAgg] = field(default_factory=dict)
     replicas: dict[str, ReplicaAgg] = field(default_factory=dict)
     newest_ms: int = 0
+    models: set[str] = field(default_factory=set)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
-            "id": self.id, "pool": self.pool, "newest_ms": self.newest_ms,
+            "id": self.id, "pool": self.pool, "newest_ms": self.newest_ms, "models": sorted(self.models),
             "requests": {str(k): v.to_dict() for k, v in self.requests.items()},
             "replicas": {k: v.to_dict() for k, v in self.replicas.items()},
         })
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Partial":
-        return cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"],
+        return cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], models=set(data.get("models", ())),
                    requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
                    replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
 
@@ -62,6 +63,7 @@ class PartialBuilder:
         if agg is None:
             agg = partial.requests[second] = RequestAgg()
         agg.fold(e)
+        partial.models.add(e.model)
         if e.event_time > partial.newest_ms:
             partial.newest_ms = e.event_time
 

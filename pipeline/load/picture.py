@@ -22,6 +22,7 @@ from .sketch import QuantileSketch
 
 PRESSURE_CAP = 10.0  # pressure when a limit is zero (no capacity left) or a cost is unbounded
 AXES = ("demand", "queue", "kv_cache", "compute", "latency", "errors", "cost")
+MAX_MODELS = 16  # models remembered per pool (for finding sibling pools), bounded against bad data
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class PoolState:
         self.partials_merged = 0
         self.duplicate_partials = 0
         self.evicted: list[str] = []  # partial ids that left the window in the last merge
+        self.models: list[str] = []
 
     # -- merging -------------------------------------------------------------------------------------
 
@@ -69,6 +71,9 @@ class PoolState:
             return False
         self.seen[partial.id] = partial.newest_ms
         self.partials_merged += 1
+        for model in partial.models:
+            if model not in self.models and len(self.models) < MAX_MODELS:
+                self.models.append(model)
         closed_before = self._closed_before(config)
         if partial.newest_ms > self.watermark_ms:
             self.watermark_ms = partial.newest_ms
@@ -233,6 +238,7 @@ class PoolState:
         return {
             "pool": self.pool,
             "profile": p.name,
+            "models": sorted(self.models),
             "watermark_ms": self.watermark_ms,
             "windows_s": {"fast": fast, "cost": slow},
             "pressure": max(a["pressure"] for a in axes.values()),
@@ -254,6 +260,7 @@ class PoolState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "watermark_ms": self.watermark_ms, "late_events": self.late_events,
+                "models": self.models,
                 "partials_merged": self.partials_merged, "duplicate_partials": self.duplicate_partials,
                 "seen": self.seen, "requests": {str(k): v.to_dict() for k, v in self.requests.items()},
                 "replicas": {k: v.to_dict() for k, v in self.replicas.items()}}
@@ -265,6 +272,7 @@ class PoolState:
         state.late_events = data["late_events"]
         state.partials_merged = data["partials_merged"]
         state.duplicate_partials = data["duplicate_partials"]
+        state.models = list(data.get("models", []))
         state.seen = dict(data["seen"])
         state.requests = {int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()}
         state.replicas = {k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()}

@@ -46,6 +46,7 @@ def app(tmp_path):
     app.stage1.dead_letter_topic = MemoryTopic()
     app.stage1.partials_topic = MemoryTopic()
     app.stage2.load_topic = MemoryTopic()
+    app.stage2.admission.topic = MemoryTopic()
     return app
 
 
@@ -104,3 +105,8 @@ def test_pictures_agent_merges_once_per_partial_id_and_publishes(app):
     assert state.partials_merged == 2 and state.duplicate_partials == 1
     (key, value), = app.stage2.load_topic.sent
     assert key == b"llama-70b-a" and orjson.loads(value)["partials_merged"] == 2
+    (key, signal), = app.stage2.admission.topic.sent
+    from pipeline.admission.keyring import keyring
+    from pipeline.admission.signing import verify
+
+    assert key == b"llama-70b-a" and verify(signal, keyring(app.stage1.settings))["pool"] == "llama-70b-a"

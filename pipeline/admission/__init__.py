@@ -1,0 +1,1 @@
+"""Admission and shedding (pure): the policy, the signal, and its signature."""

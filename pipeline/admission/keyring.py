@@ -1,0 +1,29 @@
+"""Signing keys from settings: the controller's active key and the ids routers accept."""
+
+from __future__ import annotations
+
+import logging
+
+from ..settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+DEV_KEYS = {"dev": "sluice-development-key-do-not-use-in-production"}
+
+
+def keyring(settings: Settings) -> dict[str, bytes]:
+    keys = settings.signing_keys or DEV_KEYS
+    if not settings.signing_keys:
+        log.warning("admission signals are signed with the development key: set SLUICE_SIGNING_KEYS")
+    ring = {}
+    for key_id, secret in keys.items():
+        if not isinstance(secret, str) or len(secret) < 16:
+            raise SettingsError(f"signing key {key_id!r} must be a string of at least 16 characters")
+        ring[key_id] = secret.encode()
+    return ring
+
+
+def active_key(settings: Settings) -> tuple[str, bytes]:
+    ring = keyring(settings)
+    if settings.signing_key_id not in ring:
+        raise SettingsError(f"signing_key_id {settings.signing_key_id!r} is not in signing_keys")
+    return settings.signing_key_id, ring[settings.signing_key_id]

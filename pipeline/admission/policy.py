@@ -1,0 +1,205 @@
+"""The admission policy: (picture, previous decision, config, now) → decision. Pure.
+
+**State** follows pool pressure with hysteresis: a state is entered at its
+``enter`` threshold and left only below its lower ``leave`` threshold, and
+only after ``dwell_s`` in it (escalation is immediate: overload does not wait).
+
+**Shedding** is one continuous *shed level* L in [0, 4 − critical_floor]
+over the classes in shedding order deferrable → sheddable → standard →
+critical: class i admits ``clamp(1 − (L − i), 0, 1)``. So a class starts
+shedding only once every class before it admits nothing, and critical is
+never shed while a lower class is still admitted. L integrates pressure
+above ``target_pressure`` (at most ``max_step_up`` per tick) and recovers by
+``step_down`` per tick once pressure is below ``recover_pressure`` — no cliffs
+either way. Tasks already under way shed ``continuing_credit`` levels later.
+
+A **stale** picture (no new event for ``stale_after_s``) keeps the last
+decision for ``stale_hold_s`` (fail-static), then relaxes L toward zero in
+the same bounded steps (fail-open).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
+
+from ..events import PRIORITIES
+
+SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
+STATES = ("ok", "pressured", "overloaded", "critical")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    enter: tuple[float, float, float] = (0.8, 1.0, 1.3)   # pressured, overloaded, critical
+    leave: tuple[float, float, float] = (0.7, 0.9, 1.15)  # back below these, after the dwell
+    dwell_s: float = 5.0
+    target_pressure: float = 1.0
+    recover_pressure: float = 0.9
+    gain: float = 0.5             # shed-level increase per unit of pressure above target, per tick
+    max_step_up: float = 0.5      # per tick
+    step_down: float = 0.05       # per tick
+    critical_floor: float = 0.25  # critical never admits less than this
+    continuing_credit: float = 0.5
+    retry_budget: float = 0.1
+    stale_after_s: float = 5.0
+    stale_hold_s: float = 10.0
+    validity_s: float = 6.0
+    max_redirects: int = 3
+    redirect_headroom_below: float = 0.8  # a sibling with pressure under this may take work
+    reason_threshold: float = 0.8         # axes at or over this pressure are named in reasons
+
+
+def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
+    """AdmissionConfig with the ``admission_policy`` setting applied; unknown or bad knobs fail at start-up."""
+    known = {f.name: f for f in fields(AdmissionConfig)}
+    values = {}
+    for name, value in overrides.items():
+        if name not in known:
+            raise ValueError(f"admission_policy: unknown knob {name!r}; known: {sorted(known)}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    cfg = replace(AdmissionConfig(), **values)
+    if not (len(cfg.enter) == len(cfg.leave) == 3 and all(l < e for l, e in zip(cfg.leave, cfg.enter))
+            and list(cfg.enter) == sorted(cfg.enter)):
+        raise ValueError("admission_policy: need three rising enter thresholds, each above its leave threshold")
+    if not 0 <= cfg.critical_floor <= 1 or cfg.max_step_up <= 0 or cfg.step_down <= 0:
+        raise ValueError("admission_policy: critical_floor in [0, 1], steps positive")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy carries from tick to tick (the previous signal, in effect)."""
+
+    pool: str
+    state: str = "ok"
+    state_since_ms: int = 0
+    shed_level: float = 0.0
+    seq: int = 0
+    last_fresh_ms: int = 0  # wall time the picture last advanced
+    watermark_ms: int = 0
+    stale_since_ms: int | None = None
+    signal: dict = field(default_factory=dict, compare=False)
+
+
+def class_fractions(level: float, floor: float) -> dict[str, float]:
+    out = {}
+    for i, name in enumerate(SHED_ORDER):
+        out[name] = round(min(1.0, max(0.0, 1.0 - (level - i))), 6)
+    out["critical"] = max(out["critical"], floor)
+    return out
+
+
+def _state_for(pressure: float, previous: str, since_ms: int, now_ms: int, cfg: AdmissionConfig) -> str:
+    level = STATES.index(previous) if previous in STATES else 0
+    target = 0
+    for i, threshold in enumerate(cfg.enter, start=1):
+        if pressure >= threshold:
+            target = i
+    if target > level:
+        return STATES[target]
+    if target < level and now_ms - since_ms >= cfg.dwell_s * 1000:
+        down = level
+        while down > 0 and pressure < cfg.leave[down - 1]:
+            down -= 1
+        return STATES[down]
+    return STATES[level]
+
+
+def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
+    candidates = []
+    for sib in siblings:
+        headroom = cfg.redirect_headroom_below - sib["pressure"]
+        if sib["pool"] != picture["pool"] and headroom > 0 and sib["replicas"]["fresh"] > 0:
+            candidates.append((headroom, sib))
+    candidates.sort(key=lambda c: -c[0])
+    candidates = candidates[: cfg.max_redirects]
+    total = sum(h for h, _ in candidates)
+    out = []
+    demand = picture["axes"]["demand"]["detail"]
+    arrivals = picture["rates"]["arrival_rps"] or 0.0
+    mean_input = (demand["input_tokens_per_s"] or 0.0) / arrivals if arrivals else 0.0
+    for headroom, sib in candidates:
+        compute = sib["axes"]["compute"]
+        per_replica_peak = (compute["limit"] or 0.0) / max(sib["replicas"]["fresh"], 1)
+        cold_prefill = mean_input / per_replica_peak if per_replica_peak else 0.0
+        out.append({"pool": sib["pool"], "weight": round(headroom / total, 6),
+                    "cold_prefill_cost_s": round(min(cold_prefill, 3600.0), 6)})
+    return out
+
+
+def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig, now_ms: int,
+           siblings: Sequence[Mapping[str, Any]] = ()) -> Decision:
+    """The next decision for ``picture``'s pool. ``now_ms`` is passed in: no clock reads here."""
+    advanced = picture["watermark_ms"] > previous.watermark_ms
+    last_fresh = now_ms if advanced or previous.last_fresh_ms == 0 else previous.last_fresh_ms
+    stale = now_ms - last_fresh > cfg.stale_after_s * 1000
+    pressure = float(picture["pressure"])
+    reasons = [{"axis": name, "value": round(axis["pressure"], 6), "threshold": 1.0,
+                "note": f"{name} at {axis['pressure']:.2f} of its limit"}
+               for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
+
+    if stale:
+        stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
+        level = previous.shed_level
+        if now_ms - stale_since > cfg.stale_hold_s * 1000:
+            level = max(0.0, level - cfg.step_down)
+        state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
+        reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
+                    "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
+    else:
+        stale_since = None
+        prior = "ok" if previous.state == "stale" else previous.state
+        state = _state_for(pressure, prior, previous.state_since_ms, now_ms, cfg)
+        since = previous.state_since_ms if state == previous.state else now_ms
+        level = previous.shed_level
+        if pressure > cfg.target_pressure:
+            level += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
+        elif pressure < cfg.recover_pressure:
+            level -= cfg.step_down
+        level = min(max(level, 0.0), len(SHED_ORDER) - cfg.critical_floor)
+
+    admit = class_fractions(level, cfg.critical_floor)
+    continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
+    continuing = {c: max(continuing[c], admit[c]) for c in PRIORITIES}
+
+    queue = picture["axes"]["queue"]["detail"]
+    predicted_wait = queue.get("predicted_wait_s")
+    if predicted_wait is None:
+        predicted_wait = 0.0 if not queue.get("requests_waiting") else 86400.0
+    errors_pressure = picture["axes"]["errors"]["pressure"]
+    retry_budget = cfg.retry_budget * min(1.0, max(0.1, 1.0 - (errors_pressure - 0.5) / 1.5))
+    drain = queue.get("drain_rps") or 0.0
+    retry_after = min(300.0, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
+    deferred = [c for c in ("deferrable",) if admit[c] < 1.0]
+
+    seq = max(previous.seq + 1, now_ms)  # monotonic per pool, across controller restarts too
+    signal = {
+        "schema_version": 1,
+        "pool": picture["pool"],
+        "seq": seq,
+        "issued_at": now_ms,
+        "valid_until": now_ms + int(cfg.validity_s * 1000),
+        "state": state,
+        "pressure": round(min(pressure, 1e6), 6),
+        "axes": {name: round(axis["pressure"], 6) for name, axis in picture["axes"].items()},
+        "admit_fraction": admit,
+        "continuing_task_admit_fraction": continuing,
+        "max_predicted_wait_s": round(min(predicted_wait, 86400.0), 6),
+        "retry_budget": round(retry_budget, 6),
+        "redirect": _redirects(picture, siblings, cfg) if level > 0 and not stale else [],
+        "defer": {"classes": deferred, "retry_after_s": round(retry_after, 3)},
+        "reasons": reasons[:32],
+    }
+    return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
+                    seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
+                        previous.watermark_ms, picture["watermark_ms"]),
+                    stale_since_ms=stale_since, signal=signal)
+
+
+def changed(a: Decision, b: Decision) -> bool:
+    """Whether routers must hear about ``b`` now rather than at the next heartbeat."""
+    if not a.signal:
+        return True
+    keys = ("state", "admit_fraction", "continuing_task_admit_fraction", "redirect", "defer")
+    return any(a.signal[k] != b.signal[k] for k in keys) or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01

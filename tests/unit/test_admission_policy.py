@@ -1,0 +1,139 @@
+"""The admission policy: states, shedding order, step bounds, hysteresis, staleness, continuing tasks."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, class_fractions, decide
+from pipeline.load.picture import AXES
+
+CFG = AdmissionConfig()
+TICK = 250
+
+
+def picture(pool="p", watermark=1_000, waiting=0, drain=10.0, errors=0.0, **pressures):
+    axes = {a: {"value": 0.0, "limit": 1.0, "pressure": pressures.get(a, 0.0), "detail": {}} for a in AXES}
+    axes["queue"]["detail"] = {"predicted_wait_s": waiting / drain if drain else None, "requests_waiting": waiting,
+                               "drain_rps": drain}
+    axes["errors"]["pressure"] = errors or pressures.get("errors", 0.0)
+    axes["demand"]["detail"] = {"input_tokens_per_s": 10_000.0}
+    axes["compute"]["limit"] = 40_000.0
+    return {"pool": pool, "watermark_ms": watermark, "pressure": max(a["pressure"] for a in axes.values()),
+            "axes": axes, "rates": {"arrival_rps": 10.0}, "replicas": {"fresh": 4}}
+
+
+def run(pressures, start=None, cfg=CFG, now=0):
+    """Feed one picture per tick; returns the decisions."""
+    decision = start or Decision("p")
+    out = []
+    for i, p in enumerate(pressures):
+        now += TICK
+        decision = decide(picture(watermark=now, **p), decision, cfg, now)
+        out.append(decision)
+    return out
+
+
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("pressure,state", [(0.5, "ok"), (0.85, "pressured"), (1.1, "overloaded"), (1.5, "critical")])
+def test_each_axis_drives_each_state(axis, pressure, state):
+    (decision,) = run([{axis: pressure}])
+    assert decision.state == state
+    named = [r["axis"] for r in decision.signal["reasons"]]
+    assert (axis in named) == (pressure >= CFG.reason_threshold)
+
+
+def test_shedding_order_and_critical_last():
+    decisions = run([{"kv_cache": 3.0}] * 80)
+    for d in decisions:
+        f = d.signal["admit_fraction"]
+        for lower, higher in zip(SHED_ORDER, SHED_ORDER[1:]):
+            assert f[higher] == 1.0 or f[lower] == 0.0, f"{higher} shed while {lower} admitted: {f}"
+        assert f["critical"] >= CFG.critical_floor
+    assert decisions[-1].signal["admit_fraction"]["standard"] == 0.0
+
+
+def test_bounded_steps_no_cliffs_and_gradual_recovery():
+    decisions = run([{"queue": 5.0}] * 40 + [{"queue": 0.2}] * 200)
+    levels = [d.shed_level for d in decisions]
+    ups = [b - a for a, b in zip(levels, levels[1:]) if b > a]
+    downs = [a - b for a, b in zip(levels, levels[1:]) if b < a]
+    assert max(ups) <= CFG.max_step_up + 1e-9 and max(downs) <= CFG.step_down + 1e-9
+    assert levels[-1] == 0.0 and decisions[-1].signal["admit_fraction"]["deferrable"] == 1.0
+
+
+def test_escalation_is_immediate_deescalation_waits_for_dwell():
+    decisions = run([{"latency": 1.4}] + [{"latency": 0.2}] * 30)
+    assert decisions[0].state == "critical"
+    dwell_ticks = int(CFG.dwell_s * 1000 / TICK)
+    assert all(d.state == "critical" for d in decisions[1:dwell_ticks])
+    assert decisions[-1].state == "ok"
+
+
+def test_continuing_tasks_are_protected():
+    for d in run([{"demand": 2.0}] * 60):
+        new, continuing = d.signal["admit_fraction"], d.signal["continuing_task_admit_fraction"]
+        assert all(continuing[c] >= new[c] for c in new)
+    assert any(d.signal["continuing_task_admit_fraction"]["sheddable"] > d.signal["admit_fraction"]["sheddable"]
+               for d in run([{"demand": 2.0}] * 60))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=-0.08, max_value=0.08), min_size=200, max_size=200),
+       st.sampled_from([0.8, 1.0, 1.3]))
+def test_noise_around_a_threshold_does_not_flap(noise, threshold):
+    decisions = run([{"compute": threshold + n} for n in noise])
+    states = [d.state for d in decisions]
+    changes = sum(a != b for a, b in zip(states, states[1:]))
+    seconds = len(states) * TICK / 1000
+    assert changes <= 1 + seconds / CFG.dwell_s, f"{changes} state changes in {seconds:.0f}s"
+
+
+def test_stale_picture_holds_then_relaxes():
+    loaded = run([{"kv_cache": 3.0}] * 20)[-1]
+    assert loaded.shed_level > 1
+    now = 20 * TICK
+    frozen = picture(watermark=now, kv_cache=3.0)  # the same picture, never advancing
+    d, history = loaded, []
+    for i in range(1, 200):
+        d = decide(frozen, d, CFG, now + i * TICK)
+        history.append(d)
+    stale = [h for h in history if h.state == "stale"]
+    assert stale, "goes stale"
+    first_stale_ms = stale[0].signal["issued_at"]
+    held = [h for h in stale if h.signal["issued_at"] - first_stale_ms <= CFG.stale_hold_s * 1000]
+    assert all(h.shed_level == loaded.shed_level for h in held), "fail-static while holding"
+    assert history[-1].shed_level < loaded.shed_level, "then relaxes toward admitting all"
+    assert history[-1].signal["reasons"][0]["axis"] == "staleness"
+
+
+def test_retry_budget_tightens_as_errors_rise():
+    calm = run([{"errors": 0.1}])[0].signal["retry_budget"]
+    stormy = run([{"errors": 2.5}])[0].signal["retry_budget"]
+    assert calm == pytest.approx(CFG.retry_budget) and stormy < calm / 2
+
+
+def test_defer_and_early_rejection_figures():
+    d = decide(picture(watermark=TICK, waiting=40, drain=8.0, queue=2.0), Decision("p"), CFG, TICK)
+    assert d.signal["max_predicted_wait_s"] == pytest.approx(5.0)
+    assert d.signal["defer"] == {"classes": ["deferrable"], "retry_after_s": 5.0}
+
+
+def test_redirects_go_to_siblings_with_headroom_weighted_by_it():
+    hot = picture(watermark=TICK, demand=1.5)
+    cool, warm, full = picture("a", demand=0.2), picture("b", demand=0.6), picture("c", demand=0.95)
+    d = decide(hot, Decision("p"), CFG, TICK, siblings=[cool, warm, full])
+    redirect = {r["pool"]: r for r in d.signal["redirect"]}
+    assert set(redirect) == {"a", "b"}
+    assert redirect["a"]["weight"] == pytest.approx(0.6 / 0.8) and redirect["b"]["weight"] == pytest.approx(0.2 / 0.8)
+    assert redirect["a"]["cold_prefill_cost_s"] == pytest.approx((10_000 / 10) / (40_000 / 4))
+
+
+def test_seq_is_monotonic_across_a_controller_restart():
+    before = run([{"demand": 0.1}] * 3)[-1]
+    after_restart = decide(picture(watermark=10 * TICK), Decision("p"), CFG, 10 * TICK)
+    assert after_restart.seq > before.seq
+
+
+def test_class_fractions_floor():
+    assert class_fractions(10, 0.25) == {"deferrable": 0.0, "sheddable": 0.0, "standard": 0.0, "critical": 0.25}
+    assert class_fractions(0.5, 0.25)["deferrable"] == 0.5

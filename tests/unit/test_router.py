@@ -1,0 +1,130 @@
+"""The router client's pure core: trust, decisions from signals, and the fallback."""
+
+import pytest
+
+from pipeline.admission.policy import AdmissionConfig, Decision, decide
+from pipeline.admission.signing import sign
+from pipeline.router import Admit, Decider, Defer, Redirect, Reject, Request, SignalBook
+from tests.unit.test_admission_policy import picture
+
+KEYS = {"k1": b"0123456789abcdef-k1"}
+
+
+def signed(pool="p", now_ms=1_000_000, key="k1", secret=None, **pressures):
+    d = decide(picture(pool, watermark=now_ms, **pressures), Decision(pool), AdmissionConfig(), now_ms)
+    body = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now_ms, **d.signal}
+    return sign(body, key, secret or KEYS[key]), d.signal
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def book_with(*messages):
+    book = SignalBook(KEYS)
+    for m in messages:
+        book.offer(m)
+    return book
+
+
+def test_security_refusals_are_counted():
+    good, _ = signed(now_ms=2_000_000)
+    older, _ = signed(now_ms=1_000_000)
+    book = SignalBook(KEYS)
+    assert book.offer(good)
+    assert not book.offer(good.replace(b'"state":"ok"', b'"state":"critical"'))
+    assert not book.offer(good[:good.rindex(b',"signature"')] + b"}")
+    assert not book.offer(signed(key="k1", secret=b"not-the-right-secret")[0])
+    assert not book.offer(signed(key="k9", secret=b"another-secret-xxxx")[0])
+    assert not book.offer(older)
+    assert not book.offer(None)
+    assert book.refused == {"bad_signature": 2, "unsigned": 1, "unknown_key": 1, "replayed": 1, "tombstone": 1}
+
+
+def test_admit_fractions_are_probabilistic_per_class():
+    message, signal = signed()
+    signal_book = book_with(message)
+    signal_book.signals["p"]["admit_fraction"] = {"critical": 1.0, "standard": 1.0, "sheddable": 0.3,
+                                                   "deferrable": 0.0}
+    signal_book.signals["p"]["defer"] = {"classes": [], "retry_after_s": 5.0}
+    decider = Decider(signal_book, seed=1, clock=Clock(1_000.0))
+    verdicts = [decider.decide(Request("p", "sheddable")) for _ in range(2000)]
+    share = sum(isinstance(v, Admit) for v in verdicts) / len(verdicts)
+    assert 0.27 < share < 0.33
+    assert all(isinstance(decider.decide(Request("p", "critical")), Admit) for _ in range(100))
+    assert isinstance(decider.decide(Request("p", "deferrable")), Reject)
+
+
+def test_same_seed_same_decisions():
+    message, _ = signed(queue=1.8)
+    runs = []
+    for _ in range(2):
+        decider = Decider(book_with(message), seed=42, clock=Clock(1_000.0))
+        runs.append([decider.decide(Request("p", c)) for c in ("sheddable", "standard") * 50])
+    assert runs[0] == runs[1]
+
+
+def test_continuing_tasks_use_their_own_fraction():
+    message, _ = signed()
+    book = book_with(message)
+    book.signals["p"]["admit_fraction"]["standard"] = 0.0
+    book.signals["p"]["continuing_task_admit_fraction"]["standard"] = 1.0
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    assert isinstance(decider.decide(Request("p", "standard", continuing=True)), Admit)
+    assert not isinstance(decider.decide(Request("p", "standard", continuing=False)), Admit)
+
+
+def test_defer_redirect_and_early_rejection():
+    message, _ = signed()
+    book = book_with(message)
+    s = book.signals["p"]
+    s["admit_fraction"] = {"critical": 1.0, "standard": 0.0, "sheddable": 0.0, "deferrable": 0.0}
+    s["defer"] = {"classes": ["deferrable"], "retry_after_s": 12.0}
+    s["redirect"] = [{"pool": "q", "weight": 1.0, "cold_prefill_cost_s": 0.4}]
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    assert decider.decide(Request("p", "deferrable")) == Defer(12.0)
+    assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)) == Redirect("q")
+    assert decider.decide(Request("p", "standard", slo_ttft_s=0.3)) == Reject(12.0, "shed"), "a cold move would miss the SLO"
+    s["max_predicted_wait_s"] = 3.0
+    s["redirect"] = []
+    assert decider.decide(Request("p", "critical", slo_ttft_s=1.0)) == Reject(12.0, "predicted_wait")
+
+
+def test_local_retry_budget():
+    message, _ = signed()
+    book = book_with(message)
+    book.signals["p"]["retry_budget"] = 0.1
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for _ in range(18):
+        decider.decide(Request("p", "critical"))
+    assert isinstance(decider.decide(Request("p", "critical", retry=True)), Admit)   # 1 of 19
+    assert isinstance(decider.decide(Request("p", "critical", retry=True)), Admit)   # 2 of 20: at the budget
+    assert decider.decide(Request("p", "critical", retry=True)) == Reject(1.0, "retry_budget")  # 3 of 21
+
+
+def test_expired_signal_fail_static_then_adaptive_throttling():
+    message, signal = signed(now_ms=1_000_000)
+    book = book_with(message)
+    book.signals["p"]["admit_fraction"]["sheddable"] = 0.0
+    book.signals["p"]["defer"]["classes"] = []
+    clock = Clock(signal["valid_until"] / 1000 + 10)       # expired 10 s ago: still fail-static
+    decider = Decider(book, seed=3, fallback_static_s=30, clock=clock)
+    assert isinstance(decider.decide(Request("p", "sheddable")), Reject)
+    clock.t = signal["valid_until"] / 1000 + 31             # past the grace: adaptive throttling
+    assert isinstance(decider.decide(Request("p", "sheddable")), Admit), "no history: admit"
+    for _ in range(100):
+        decider.record(accepted=False)                      # the backend refuses everything
+    rejects = sum(isinstance(decider.decide(Request("p", "sheddable")), Reject) for _ in range(1000))
+    assert rejects / 1000 == pytest.approx(100 / 101, abs=0.03)
+    for _ in range(100):
+        decider.record(accepted=True)                       # requests 200, accepts 100: K·accepts ≥ requests
+    assert all(isinstance(decider.decide(Request("p", "sheddable")), Admit) for _ in range(100))
+
+
+def test_no_signal_for_an_unknown_pool_throttles_adaptively():
+    decider = Decider(SignalBook(KEYS), seed=1, clock=Clock(5.0))
+    assert isinstance(decider.decide(Request("unknown", "standard")), Admit)

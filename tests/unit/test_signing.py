@@ -1,0 +1,58 @@
+"""Signal signatures: verifiable without Python, and every forgery refused."""
+
+import shutil
+import subprocess
+
+import orjson
+import pytest
+
+from pipeline.admission.signing import PLACEHOLDER, SignatureError, sign, signed_bytes, verify
+from tests.reference import reference_accepts
+
+KEYS = {"k-old": b"old secret", "k-new": b"new secret"}
+
+
+def example_signal():
+    body = orjson.loads(open("schemas/examples/admission_signal/valid/overloaded.json", "rb").read())
+    del body["signature"], body["key_id"]
+    return body
+
+
+def test_signed_signal_is_valid_against_the_schema_and_verifies():
+    message = sign(example_signal(), "k-new", KEYS["k-new"])
+    assert message.endswith(b'"}') and b'"signature":"' in message[-80:]
+    assert reference_accepts("admission_signal", orjson.loads(message))
+    assert verify(message, KEYS)["pool"] == "llama-70b-a"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_an_independent_implementation_verifies_the_documented_bytes(tmp_path):
+    message = sign(example_signal(), "k-old", KEYS["k-old"])
+    covered, signature = signed_bytes(message)
+    assert covered == message[:-66] + PLACEHOLDER + b'"}'
+    (tmp_path / "signed").write_bytes(covered)
+    out = subprocess.run(["openssl", "dgst", "-sha256", "-hmac", "old secret", str(tmp_path / "signed")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith(signature)
+
+
+def test_key_rotation_accepts_old_and_new_ids():
+    assert verify(sign(example_signal(), "k-old", KEYS["k-old"]), KEYS)
+    assert verify(sign(example_signal(), "k-new", KEYS["k-new"]), KEYS)
+    with pytest.raises(SignatureError) as err:
+        verify(sign(example_signal(), "k-old", KEYS["k-old"]), {"k-new": KEYS["k-new"]})
+    assert err.value.reason == "unknown_key"
+
+
+@pytest.mark.parametrize("forge,reason", [
+    (lambda m: m.replace(b'"standard":1.0', b'"standard":0.0'), "bad_signature"),
+    (lambda m: m[:-66] + b"1" * 64 + b'"}', "bad_signature"),
+    (lambda m: m[:m.rindex(b',"signature"')] + b"}", "unsigned"),
+    (lambda m: m.replace(b'"key_id":"k-new"', b'"key_id":"k-old"'), "bad_signature"),
+    (lambda m: m + b" ", "unsigned"),
+])
+def test_forgeries_are_refused(forge, reason):
+    message = sign(example_signal(), "k-new", KEYS["k-new"])
+    with pytest.raises(SignatureError) as err:
+        verify(forge(message), KEYS)
+    assert err.value.reason == reason
