@@ -13,6 +13,7 @@ import json
 import resource
 import socket
 import time
+import urllib.request
 import uuid
 from dataclasses import replace
 from itertools import islice
@@ -143,9 +144,74 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
+def histogram_quantile(text: str, name: str, q: float) -> float | None:
+    """Quantile of a Prometheus histogram (summed over labels), interpolated within its bucket."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name + "_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    if not buckets or buckets[max(buckets)] == 0:
+        return None
+    ordered = sorted(buckets.items())
+    rank = q * ordered[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
+            return round(lower_bound + (bound - lower_bound) * share, 3)
+        lower_bound, lower_count = bound, count
+    return None
+
+
+def bench_decide(calls: int = 200_000) -> dict:
+    """decide() per call, against a baseline loop calling a trivial function in the same run."""
+    from .admission.policy import AdmissionConfig, Decision, decide
+    from .admission.signing import sign
+    from .router import Decider, Request, SignalBook
+
+    keys = {"bench": b"bench-signing-key-0123"}
+    axes = {a: {"value": 0.0, "limit": 1.0, "pressure": 1.2, "detail": {}} for a in
+            ("demand", "queue", "kv_cache", "compute", "latency", "errors", "cost")}
+    axes["queue"]["detail"] = {"predicted_wait_s": 0.5, "requests_waiting": 4, "drain_rps": 8.0}
+    axes["demand"]["detail"] = {"input_tokens_per_s": 1000.0}
+    picture = {"pool": "p", "watermark_ms": 1, "pressure": 1.2, "axes": axes, "rates": {"arrival_rps": 1.0},
+               "replicas": {"fresh": 1}}
+    decision = Decision("p")
+    for i in range(1, 5):
+        decision = decide(picture, decision, AdmissionConfig(), i * 250)
+    book = SignalBook(keys)
+    book.offer(sign({"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": 1, **decision.signal},
+                    "bench", keys["bench"]))
+    decider = Decider(book, seed=1, clock=lambda: 0.5)
+    requests = [Request("p", c, continuing=i % 3 == 0, slo_ttft_s=2.0)
+                for i, c in enumerate(("critical", "standard", "sheddable", "deferrable") * 4)]
+
+    def trivial(request: Request) -> Request:
+        return request
+
+    started = time.perf_counter()
+    for i in range(calls):
+        trivial(requests[i & 15])
+    baseline = time.perf_counter() - started
+    started = time.perf_counter()
+    for i in range(calls):
+        decider.decide(requests[i & 15])
+    spent = time.perf_counter() - started
+    return {"calls": calls, "decide_us_per_call": round(spent / calls * 1e6, 3),
+            "baseline_call_us": round(baseline / calls * 1e6, 3),
+            "decide_vs_baseline_ratio": round(spent / baseline, 1)}
+
+
 def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path) -> dict:
-    """Picture lag at a stated rate: events are produced in real time, event time = production time."""
-    run_settings = _isolated(settings, work_dir)
+    """Picture lag and decision latency at a stated rate with a 250 ms tick: events are produced in
+    real time, event time = production time."""
+    run_settings = replace(_isolated(settings, work_dir), tick_s=0.25)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     events_per_request = 6.0  # lifecycle events per request incl. retries, plus replica samples: measured
@@ -166,11 +232,14 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
 
         lags, total = asyncio.run(measure())
         rss = _rss_mib(worker.pid)
+        exposition = urllib.request.urlopen(f"{worker.base_url}/metrics", timeout=5).read().decode()
     finally:
         worker.stop()
     return {"target_events_per_s": events_per_s, "achieved_events_per_s": round(total / seconds),
             "seconds": seconds, "tick_s": run_settings.tick_s, "pictures": len(lags),
             "picture_lag_p50_s": _percentile(lags, 0.5), "picture_lag_p99_s": _percentile(lags, 0.99),
+            "decision_latency_p50_s": histogram_quantile(exposition, "sluice_decision_latency_seconds", 0.5),
+            "decision_latency_p99_s": histogram_quantile(exposition, "sluice_decision_latency_seconds", 0.99),
             "worker_rss_mib": round(rss, 1)}
 
 
@@ -184,7 +253,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
     figures = {"ingest": bench_ingest(settings, events, work_dir),
-               "picture_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir)}
+               "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
+               "router_decide": bench_decide()}
     if as_json:
         print(json.dumps(figures, indent=2))
     else:

@@ -1,6 +1,7 @@
 """The admission policy: (picture, previous decision, config, now) → decision. Pure.
 
-**State** follows pool pressure with hysteresis: a state is entered at its
+**State** follows the pool's *admission pressure* — the largest pressure among
+``axes`` (all but cost by default) — with hysteresis: a state is entered at its
 ``enter`` threshold and left only below its lower ``leave`` threshold, and
 only after ``dwell_s`` in it (escalation is immediate: overload does not wait).
 
@@ -48,6 +49,9 @@ class AdmissionConfig:
     max_redirects: int = 3
     redirect_headroom_below: float = 0.8  # a sibling with pressure under this may take work
     reason_threshold: float = 0.8         # axes at or over this pressure are named in reasons
+    # Axes that drive admission. Cost is left out by default: shedding lowers successful tasks,
+    # so it cannot lower cost per successful task; cost is still reported in the signal's axes.
+    axes: tuple[str, ...] = ("demand", "queue", "kv_cache", "compute", "latency", "errors")
 
 
 def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
@@ -106,10 +110,14 @@ def _state_for(pressure: float, previous: str, since_ms: int, now_ms: int, cfg: 
     return STATES[level]
 
 
+def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
+    return max(float(picture["axes"][name]["pressure"]) for name in cfg.axes)
+
+
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
     candidates = []
     for sib in siblings:
-        headroom = cfg.redirect_headroom_below - sib["pressure"]
+        headroom = cfg.redirect_headroom_below - admission_pressure(sib, cfg)
         if sib["pool"] != picture["pool"] and headroom > 0 and sib["replicas"]["fresh"] > 0:
             candidates.append((headroom, sib))
     candidates.sort(key=lambda c: -c[0])
@@ -134,7 +142,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     advanced = picture["watermark_ms"] > previous.watermark_ms
     last_fresh = now_ms if advanced or previous.last_fresh_ms == 0 else previous.last_fresh_ms
     stale = now_ms - last_fresh > cfg.stale_after_s * 1000
-    pressure = float(picture["pressure"])
+    pressure = admission_pressure(picture, cfg)
     reasons = [{"axis": name, "value": round(axis["pressure"], 6), "threshold": 1.0,
                 "note": f"{name} at {axis['pressure']:.2f} of its limit"}
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]

@@ -220,7 +220,12 @@ class PoolState:
                 unpriced += gpu_s
         successes = req_slow.counts["task_successes"]
         per_task = cost.cost_per_successful_task(fleet_cost, successes)
-        cost_value = per_task if per_task is not None else (float("inf") if fleet_cost > 0 else None)
+        if per_task is not None:
+            cost_value = per_task
+        elif fleet_cost > 0 and req_slow.counts["received"]:
+            cost_value = float("inf")  # paying for traffic that never succeeds
+        else:
+            cost_value = None  # an idle window: nothing to divide by, nothing to judge
         cost_axis = {"value": cost_value, "limit": p.cost_budget_per_task, "unit": "$/task",
                      "detail": {"fleet_cost": fleet_cost, "successful_tasks": successes,
                                 "unpriced_gpu_seconds": unpriced, "window_s": slow}}

@@ -33,13 +33,21 @@ def run(pressures, start=None, cfg=CFG, now=0):
     return out
 
 
-@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("axis", CFG.axes)
 @pytest.mark.parametrize("pressure,state", [(0.5, "ok"), (0.85, "pressured"), (1.1, "overloaded"), (1.5, "critical")])
 def test_each_axis_drives_each_state(axis, pressure, state):
     (decision,) = run([{axis: pressure}])
     assert decision.state == state
     named = [r["axis"] for r in decision.signal["reasons"]]
     assert (axis in named) == (pressure >= CFG.reason_threshold)
+
+
+def test_cost_is_reported_but_does_not_shed():
+    """Shedding lowers successful tasks, so it cannot lower cost per successful task."""
+    (decision,) = run([{"cost": 3.0}])
+    assert decision.state == "ok" and decision.shed_level == 0.0
+    assert decision.signal["axes"]["cost"] == 3.0
+    assert [r["axis"] for r in decision.signal["reasons"]] == ["cost"]
 
 
 def test_shedding_order_and_critical_last():

@@ -228,3 +228,20 @@ def test_state_is_bounded_by_pools_and_replicas_not_requests():
     assert all(len(r.seconds) <= window for r in state.replicas.values())
     assert len(state.seen) <= 2
     assert len(PoolState.from_dict(state.to_dict()).requests) == len(state.requests)
+
+
+def test_idle_cost_window_is_not_judged_but_failing_traffic_is_unbounded():
+    idle = PoolState("p")
+    builder = PartialBuilder("raw/0", 15)
+    for second in range(100, 112):
+        builder.fold_sample(sample("r1", second, 0, 0.1, 0))
+    for partial in builder.drain(1):
+        idle.merge(partial, CONFIG)
+    assert idle.snapshot(CONFIG)["axes"]["cost"]["pressure"] == 0.0
+    builder.fold_request(req(110, "received"))
+    builder.fold_request(req(110, "failed", final=True, ttft_s=None, tpot_s=None))
+    builder.fold_sample(sample("r1", 112, 0, 0.1, 0))
+    for partial in builder.drain(2):
+        idle.merge(partial, CONFIG)
+    failing = idle.snapshot(CONFIG)["axes"]["cost"]
+    assert failing["pressure"] == 10.0 and failing["value"] is None
