@@ -41,6 +41,7 @@ from .settings import Settings, SettingsError, load_settings
 from .sinks.clickhouse import ClickHouseSink
 from .sinks.migrations import migrate
 from .sinks.store import Store, open_store
+from .topic_reader import open_from_beginning
 
 log = logging.getLogger(__name__)
 KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
@@ -207,11 +208,12 @@ class Admission:
         self.decisions: dict[str, Decision] = {}
         self.published: dict[str, tuple[Decision, int]] = {}
 
-    async def evaluate(self, pictures: dict[str, dict], now_ms: int) -> int:
+    async def evaluate(self, pictures: dict[str, dict], fleet: dict[str, dict], now_ms: int) -> int:
+        """Decide for ``pictures`` (this worker's pools); ``fleet`` (every pool known) supplies siblings."""
         sent = []
         for pool, picture in pictures.items():
             models = set(picture.get("models", ()))
-            siblings = [p for other, p in pictures.items() if other != pool and models & set(p.get("models", ()))]
+            siblings = [p for other, p in fleet.items() if other != pool and models & set(p.get("models", ()))]
             decision = decide(picture, self.decisions.get(pool, Decision(pool)), self.config, now_ms, siblings)
             self.decisions[pool] = decision
             last = self.published.get(pool)
@@ -242,6 +244,7 @@ class Stage2:
         self.states: dict[str, PoolState] = {}
         self.changed: set[str] = set()
         self.snapshots: dict[str, dict] = {}
+        self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
         self.rebuild_needed = False
 
     def merge(self, partial: Partial) -> None:
@@ -298,8 +301,20 @@ class Stage2:
         self.changed.clear()
         if sent:
             await asyncio.gather(*sent)
-        await self.admission.evaluate(self.snapshots, int(now * 1000))
+        await self.admission.evaluate(self.snapshots, {**self.fleet, **self.snapshots}, int(now * 1000))
         return len(sent)
+
+    async def follow_fleet(self, bootstrap: str, topic: str) -> None:
+        """Keep every pool's newest picture, whichever worker computes it, for redirect decisions."""
+        consumer, _ = await open_from_beginning(bootstrap, topic)
+        try:
+            while True:
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    for message in messages:
+                        if message.value is not None:
+                            self.fleet[message.key.decode()] = orjson.loads(message.value)
+        finally:
+            await consumer.stop()
 
 
 def _bytes_topic(app: faust.App, settings: Settings, spec: topics.TopicSpec) -> Any:
@@ -375,6 +390,10 @@ def create_app(settings: Settings) -> faust.App:
     @app.task
     async def stage1_loop() -> None:
         await stage1.consume(bootstrap_servers(settings))
+
+    @app.task
+    async def fleet_pictures() -> None:
+        await stage2.follow_fleet(bootstrap_servers(settings), topics.LOAD.name(settings))
 
     return app
 

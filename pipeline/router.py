@@ -270,11 +270,16 @@ class EventEmitter:
             futures = [await self._producer.send(topic, orjson.dumps(e), key=e["task_id"].encode()) for e in events]
             await asyncio.gather(*futures)
             self.sent += len(events)
+            for _ in events:
+                self.queue.task_done()
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + drain_timeout_s
-        while not self.queue.empty() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        """Deliver what is buffered (up to ``drain_timeout_s``), then stop."""
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self.queue.join(), drain_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("emitter stopped with %d events undelivered", self.queue.qsize())
         await cancel(self._task)
         if self._producer:
             await self._producer.stop()

@@ -110,3 +110,15 @@ def test_pictures_agent_merges_once_per_partial_id_and_publishes(app):
     from pipeline.admission.signing import verify
 
     assert key == b"llama-70b-a" and verify(signal, keyring(app.stage1.settings))["pool"] == "llama-70b-a"
+
+
+def test_redirects_can_name_pools_computed_by_other_workers(app):
+    from tests.unit.test_admission_policy import picture
+
+    hot = picture("hot", watermark=1_000, demand=1.5) | {"models": ["m"]}
+    elsewhere = picture("cool", demand=0.1) | {"models": ["m"]}
+    other_model = picture("other", demand=0.1) | {"models": ["x"]}
+    asyncio.run(app.stage2.admission.evaluate({"hot": hot}, {"cool": elsewhere, "other": other_model, "hot": hot},
+                                              now_ms=1_000))
+    (key, message), = app.stage2.admission.topic.sent
+    assert [r["pool"] for r in orjson.loads(message)["redirect"]] == ["cool"]
