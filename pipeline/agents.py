@@ -95,18 +95,30 @@ class Stage1:
         pending = [await self.dead_letter_topic.send(key=key, value=value) for key, value in outcome.dead_letters]
         if pending:
             await asyncio.gather(*pending)
+        completed: dict[str, list[int]] = {}
         for partition, event in outcome.events:
             builder = self._builder(topic, partition)
             if cls is RequestEvent:
                 builder.fold_request(event)
+                if event.phase == "completed":
+                    counts = completed.setdefault(event.pool, [0, 0])
+                    counts[0] += 1
+                    if event.ttft_s is not None and event.slo_ttft_s is not None and event.ttft_s > event.slo_ttft_s:
+                        counts[1] += 1
             else:
                 builder.fold_sample(event)
+        for pool, (done, missed) in completed.items():
+            label = metrics.pool_label(pool)
+            metrics.REQUESTS_COMPLETED.labels(label).inc(done)
+            metrics.TTFT_SLO_MISSES.labels(label).inc(missed)
         metrics.count_dead_letters(topic, outcome.reasons)
         if outcome.newest_event_ms:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(outcome.newest_event_ms / 1000)
 
         async def land() -> None:
+            landing = time.perf_counter()
             await self.sink.land(outcome.table, outcome.rows, outcome.dedup_token)
+            metrics.SINK_BATCH_SECONDS.labels(outcome.table).observe(time.perf_counter() - landing)
             metrics.EVENTS_ACCEPTED.labels(topic).inc(len(outcome.rows))
             metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
 
@@ -126,6 +138,7 @@ class Stage1:
 
         stage1 = self
         inflight: list[tuple[list[asyncio.Task], dict]] = []
+        lag: dict[Any, int] = {}
 
         async def settle() -> None:
             """Wait for the batch in flight to land, then commit it."""
@@ -145,6 +158,7 @@ class Stage1:
                 await stage1.publish_partials()  # what was folded from them goes out before they move
                 for tp in revoked:
                     stage1.builders.pop((tp.topic, tp.partition), None)
+                    lag.pop(tp, None)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 pass
@@ -171,6 +185,12 @@ class Stage1:
                     by_topic.setdefault(tp.topic, []).extend(
                         Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
                 landing = [await self.handle(classes[topic], records) for topic, records in by_topic.items()]
+                for tp, messages in fetched.items():
+                    highwater = consumer.highwater(tp)
+                    if highwater is not None:
+                        lag[tp] = max(0, highwater - messages[-1].offset - 1)
+                for topic in classes:
+                    metrics.CONSUMER_LAG.labels(topic).set(sum(v for tp, v in lag.items() if tp.topic == topic))
                 await settle()
                 inflight.append((landing, {tp: messages[-1].offset + 1 for tp, messages in fetched.items()}))
         finally:
@@ -222,15 +242,35 @@ class Admission:
             signal = {"event_id": str(uuid.uuid4()), "event_time": now_ms, **decision.signal}
             sent.append(await self.topic.send(key=pool.encode(), value=sign(signal, self.key_id, self.secret)))
             self.published[pool] = (decision, now_ms)
-            metrics.SIGNALS_PUBLISHED.labels(pool).inc()
-            metrics.DECISION_LATENCY.labels(pool).observe(max(0.0, (now_ms - picture["watermark_ms"]) / 1000))
+            label = metrics.pool_label(pool)
+            metrics.SIGNALS_PUBLISHED.labels(label).inc()
+            metrics.DECISION_LATENCY.labels(label).observe(max(0.0, (now_ms - picture["watermark_ms"]) / 1000))
             for state in STATES + ("stale",):
-                metrics.ADMISSION_STATE.labels(pool, state).set(1 if state == decision.state else 0)
+                metrics.ADMISSION_STATE.labels(label, state).set(1 if state == decision.state else 0)
             for cls in PRIORITIES:
-                metrics.ADMIT_FRACTION.labels(pool, cls).set(decision.signal["admit_fraction"][cls])
+                metrics.ADMIT_FRACTION.labels(label, cls).set(decision.signal["admit_fraction"][cls])
         if sent:
             await asyncio.gather(*sent)
         return len(sent)
+
+
+def export_picture(snapshot: dict) -> None:
+    label = metrics.pool_label(snapshot["pool"])
+    axes = snapshot["axes"]
+    metrics.POOL_PRESSURE.labels(label).set(snapshot["pressure"])
+    metrics.POOL_LATE_EVENTS.labels(label).set(snapshot["late_events"])
+    for axis in AXES:
+        metrics.POOL_AXIS_PRESSURE.labels(label, axis).set(axes[axis]["pressure"])
+        metrics.POOL_AXIS_VALUE.labels(label, axis).set(_number(axes[axis]["value"]))
+    metrics.POOL_COST_PER_TASK.labels(label).set(_number(axes["cost"]["value"]))
+    metrics.POOL_GOODPUT.labels(label).set(snapshot["rates"]["goodput_tasks_per_s"])
+    metrics.POOL_RETRY_AMPLIFICATION.labels(label).set(_number(axes["errors"]["detail"]["retry_amplification"]))
+    metrics.POOL_PREEMPTIONS.labels(label).set(axes["kv_cache"]["detail"]["preemptions_per_s_per_replica"])
+    metrics.POOL_STALE_REPLICAS.labels(label).set(snapshot["replicas"]["stale"])
+
+
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 class Stage2:
@@ -245,7 +285,6 @@ class Stage2:
         self.changed: set[str] = set()
         self.snapshots: dict[str, dict] = {}
         self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
-        self.rebuild_needed = False
 
     def merge(self, partial: Partial) -> None:
         """Called inside stream iteration, so table writes go to the partial's own partition."""
@@ -281,9 +320,6 @@ class Stage2:
                  sum(len(v) for v in partials.values()))
 
     async def publish(self) -> int:
-        if self.rebuild_needed:
-            self.rebuild_needed = False
-            self.rebuild()
         sent = []
         now = time.time()
         for pool in sorted(self.changed):
@@ -292,12 +328,7 @@ class Stage2:
             self.snapshots[pool] = snapshot
             sent.append(await self.load_topic.send(key=pool.encode(), value=orjson.dumps(snapshot)))
             metrics.PICTURE_LAG.observe(max(0.0, now - snapshot["watermark_ms"] / 1000))
-            metrics.POOL_PRESSURE.labels(pool).set(snapshot["pressure"])
-            metrics.POOL_LATE_EVENTS.labels(pool).set(snapshot["late_events"])
-            for axis in AXES:
-                metrics.POOL_AXIS_PRESSURE.labels(pool, axis).set(snapshot["axes"][axis]["pressure"])
-                value = snapshot["axes"][axis]["value"]
-                metrics.POOL_AXIS_VALUE.labels(pool, axis).set(float("nan") if value is None else value)
+            export_picture(snapshot)
         self.changed.clear()
         if sent:
             await asyncio.gather(*sent)
@@ -368,7 +399,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.on_rebalance_complete.connect
     async def after_recovery(sender: Any, **kwargs: Any) -> None:
-        stage2.rebuild_needed = True
+        stage2.rebuild()  # the table has just been recovered from its changelog
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
@@ -377,6 +408,8 @@ def create_app(settings: Settings) -> faust.App:
         body = {"ok": ok, "consuming": consuming, "store": stage1.store.backend if stage1.store else None,
                 "sink_held": bool(stage1.sink and stage1.sink.held)}
         return web.json(body, status=200 if ok else 503)
+
+    metrics.attach_faust_sensors(app)
 
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:

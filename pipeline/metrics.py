@@ -1,6 +1,8 @@
 """Every Prometheus metric Sluice exports: names, labels and help text in one place.
 
-Labels are bounded (topic, table, reason); never task or request ids.
+Labels are bounded: topic, table, reason, axis, class, state, and pool — pool
+names come from data, so at most ``MAX_POOL_LABELS`` distinct ones are used
+and the rest are reported as ``other``. Never task or request ids.
 """
 
 from __future__ import annotations
@@ -8,6 +10,19 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+MAX_POOL_LABELS = 256
+_pools_seen: set[str] = set()
+
+
+def pool_label(pool: str) -> str:
+    """The pool's own name while fewer than MAX_POOL_LABELS pools are labelled, else ``other``."""
+    if pool in _pools_seen:
+        return pool
+    if len(_pools_seen) < MAX_POOL_LABELS:
+        _pools_seen.add(pool)
+        return pool
+    return "other"
+
 
 EVENTS_ACCEPTED = Counter("sluice_events_accepted_total", "Events that passed validation, by source topic.",
                           ["topic"], registry=REGISTRY)
@@ -67,3 +82,38 @@ SIGNALS_PUBLISHED = Counter("sluice_admission_signals_published_total", "Signed 
 ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
                                 "RequestEvents a router's emitter dropped because its buffer was full.",
                                 registry=REGISTRY)
+
+CONSUMER_LAG = Gauge("sluice_consumer_lag_records", "Records stage 1 has yet to read, by raw topic.", ["topic"],
+                     registry=REGISTRY)
+SINK_BATCH_SECONDS = Histogram("sluice_sink_batch_seconds", "Time to land one batch in ClickHouse, retries included.",
+                               ["table"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                               registry=REGISTRY)
+REQUESTS_COMPLETED = Counter("sluice_requests_completed_total", "Completed request attempts, by pool.", ["pool"],
+                             registry=REGISTRY)
+TTFT_SLO_MISSES = Counter("sluice_ttft_slo_misses_total",
+                          "Completed attempts whose time to first token exceeded their SLO, by pool.", ["pool"],
+                          registry=REGISTRY)
+POOL_COST_PER_TASK = Gauge("sluice_pool_cost_per_successful_task_dollars",
+                           "Fleet cost (every replica-second) divided by successful tasks over the cost window.",
+                           ["pool"], registry=REGISTRY)
+POOL_GOODPUT = Gauge("sluice_pool_goodput_tasks_per_second", "Successful tasks per second over the cost window.",
+                     ["pool"], registry=REGISTRY)
+POOL_RETRY_AMPLIFICATION = Gauge("sluice_pool_retry_amplification",
+                                 "Attempts per request over the fast window (1.0 = no retries).", ["pool"],
+                                 registry=REGISTRY)
+POOL_PREEMPTIONS = Gauge("sluice_pool_preemptions_per_second_per_replica",
+                         "KV-cache preemptions per second per fresh replica, fast window.", ["pool"], registry=REGISTRY)
+POOL_STALE_REPLICAS = Gauge("sluice_pool_stale_replicas", "Replicas with no sample for replica_stale_after_s.",
+                            ["pool"], registry=REGISTRY)
+
+_faust_metrics = None
+
+
+def attach_faust_sensors(app) -> None:
+    """Faust's own sensors (messages, streams, tables, commits) into this registry, once per process."""
+    global _faust_metrics
+    from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
+
+    if _faust_metrics is None:
+        _faust_metrics = FaustMetrics.create(REGISTRY, "sluice_faust")
+    app.monitor = PrometheusMonitor(metrics=_faust_metrics)

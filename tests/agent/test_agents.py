@@ -122,3 +122,33 @@ def test_redirects_can_name_pools_computed_by_other_workers(app):
                                               now_ms=1_000))
     (key, message), = app.stage2.admission.topic.sent
     assert [r["pool"] for r in orjson.loads(message)["redirect"]] == ["cool"]
+
+
+def series_count() -> int:
+    from pipeline import metrics
+
+    return sum(1 for line in metrics.exposition().decode().splitlines() if line and not line.startswith("#"))
+
+
+def test_series_do_not_grow_with_task_ids(app):
+    def batch(start):
+        events = [request_event(task_id=f"task-{start + i}", request_id=f"task-{start + i}-r1",
+                                phase="completed" if i % 2 else "received") for i in range(10_000)]
+        return records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
+
+    async def scenario(start):
+        await (await app.stage1.handle(RequestEvent, batch(start)))
+        await app.stage1.publish_partials()
+
+    asyncio.run(scenario(0))
+    before = series_count()
+    asyncio.run(scenario(10_000))
+    assert series_count() == before, "10,000 new task ids added series"
+
+
+def test_pool_labels_are_capped(monkeypatch):
+    from pipeline import metrics
+
+    monkeypatch.setattr(metrics, "MAX_POOL_LABELS", len(metrics._pools_seen) + 3)
+    labels = {metrics.pool_label(f"pool-{i}") for i in range(1000)}
+    assert len(labels) == 4 and "other" in labels

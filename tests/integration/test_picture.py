@@ -53,8 +53,11 @@ def converged(settings, expected):
     def read():
         return run(latest_pictures(settings, settings.kafka_bootstrap_servers))
 
+    seen = {}
+
     def done():
         first = read()
+        seen["last"] = {p: (v["watermark_ms"], v["partials_merged"], v["late_events"]) for p, v in first.items()}
         if set(first) != set(expected) or any(first[p]["watermark_ms"] != expected[p]["watermark_ms"]
                                                for p in expected):
             return None
@@ -63,7 +66,12 @@ def converged(settings, expected):
         same = all(second[p]["axes"] == first[p]["axes"] and second[p]["rates"] == first[p]["rates"] for p in first)
         return second if same else None
 
-    return wait_for(done, 180, interval_s=0.5, message="pictures to converge")
+    try:
+        return wait_for(done, 180, interval_s=0.5, message="pictures to converge")
+    except AssertionError as exc:
+        wanted = {p: e["watermark_ms"] for p, e in expected.items()}
+        raise AssertionError(f"{exc}; expected watermarks {wanted}, last seen (watermark, partials, late) "
+                             f"{seen.get('last')}") from None
 
 
 def raw_committed(settings):

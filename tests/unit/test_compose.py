@@ -29,3 +29,13 @@ def test_worker_reaches_the_clickhouse_service_with_its_credentials():
     assert worker["CLICKHOUSE_URL"].endswith("/" + clickhouse["CLICKHOUSE_DB"])
     assert (worker["CLICKHOUSE_USER"], worker["CLICKHOUSE_PASSWORD"]) == (
         clickhouse["CLICKHOUSE_USER"], clickhouse["CLICKHOUSE_PASSWORD"])
+
+
+def test_prometheus_scrapes_the_worker_with_the_repo_rules():
+    prometheus = COMPOSE["services"]["prometheus"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/prometheus/prometheus.yml").read_text())
+    (target,) = config["scrape_configs"][0]["static_configs"][0]["targets"]
+    port = COMPOSE["services"]["worker"]["environment"]["SLUICE_WEB_PORT"]
+    assert target == f"worker:{port}"
+    assert config["rule_files"] == ["rules/*.yml"]
