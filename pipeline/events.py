@@ -164,11 +164,6 @@ def decode(cls: type[Event], value: bytes | None, key: bytes | None, max_bytes: 
         return Rejected("malformed_json", f"unexpected decoder error {type(exc).__name__}: {describe(str(exc), 200)}")
 
 
-def decode_many(cls: type[Event], records: list[tuple[bytes | None, bytes | None]],
-                max_bytes: int) -> list[Event | Rejected]:
-    return [decode(cls, value, key, max_bytes) for value, key in records]
-
-
 def dead_letter(rejected: Rejected, value: bytes | None, key: bytes | None, topic: str, partition: int,
                 offset: int, timestamp_ms: int | None, now_ms: int) -> tuple[bytes, bytes]:
     """(key, value) of the dead letter for one rejected record.

@@ -43,10 +43,6 @@ def pressure(value: float | None, limit: float) -> float:
     return min(PRESSURE_CAP, value / limit)
 
 
-def _round(x: float | None, digits: int = 6) -> float | None:
-    return None if x is None else round(x, digits)
-
-
 class PoolState:
     """Everything stage 2 keeps for one pool; serialisable for the changelog table."""
 

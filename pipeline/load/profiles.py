@@ -62,11 +62,6 @@ def build_profiles(overrides: Mapping[str, Mapping[str, float]]) -> dict[str, Pr
     return profiles
 
 
-def profile_for(pool: str, profiles: Mapping[str, Profile], pool_profiles: Mapping[str, str],
-                default: str) -> Profile:
-    return profiles[pool_profiles.get(pool, default)]
-
-
 def check_assignment(profiles: Mapping[str, Profile], pool_profiles: Mapping[str, str], default: str) -> None:
     missing = {p for p in [default, *pool_profiles.values()] if p not in profiles}
     if missing:

@@ -72,10 +72,6 @@ class QuantileSketch:
                 return 2 * self.gamma ** index / (self.gamma + 1)
         return 2 * self.gamma ** max(self.buckets) / (self.gamma + 1)
 
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
     def to_dict(self) -> dict:
         return {"a": self.alpha, "z": self.zeros, "n": self.count, "s": self.total,
                 "b": {str(k): v for k, v in self.buckets.items()}}

@@ -161,22 +161,19 @@ def test_a_replica_silent_past_the_cost_window_is_forgotten():
 
 
 def test_out_of_order_events_within_the_bound_are_folded():
-    in_order, shuffled = PoolState("p"), PoolState("p")
-    partials = scenario_partials()
-    for partial in partials:
-        in_order.merge(partial, CONFIG)
-    builder = PartialBuilder("raw/0", 15)
+    """The same events, one partial each in time order or one partial in reverse order: same picture."""
     events = [req(s, "received") for s in range(100, 110)]
+    one_by_one, reversed_batch = PoolState("p"), PoolState("p")
+    for e in events:
+        single = PartialBuilder("x", 15)
+        single.fold_request(e)
+        one_by_one.merge(single.drain(e.event_time)[0], CONFIG)
+    builder = PartialBuilder("raw/0", 15)
     for e in reversed(events):
         builder.fold_request(e)
-    a, b = PoolState("p"), PoolState("p")
-    for e in events:
-        one = PartialBuilder("x", 15)
-        one.fold_request(e)
-        a.merge(one.drain(e.event_time)[0], CONFIG)
     for partial in builder.drain(9):
-        b.merge(partial, CONFIG)
-    assert a.snapshot(CONFIG)["axes"]["demand"] == b.snapshot(CONFIG)["axes"]["demand"]
+        reversed_batch.merge(partial, CONFIG)
+    assert one_by_one.snapshot(CONFIG)["axes"]["demand"] == reversed_batch.snapshot(CONFIG)["axes"]["demand"]
 
 
 def test_state_round_trips_through_the_changelog_form(picture):
