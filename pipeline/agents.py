@@ -40,7 +40,7 @@ from .load.picture import AXES, PoolState
 from .settings import Settings, SettingsError, load_settings
 from .sinks.clickhouse import ClickHouseSink
 from .sinks.migrations import migrate
-from .sinks.store import Store, open_store
+from .sinks.store import Store, StoreUnavailable, open_store
 from .topic_reader import open_from_beginning
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class Stage1:
         self.sink: ClickHouseSink | None = None
         self.builders: dict[tuple[str, int], PartialBuilder] = {}
         self.consumer: Any = None
+        self.store_ok = False
         self._last_tick = 0
         self._ready_lock = asyncio.Lock()
 
@@ -72,6 +73,20 @@ class Stage1:
             if applied:
                 log.info("applied migrations %s", ", ".join(applied))
             self.sink = ClickHouseSink(self.store)
+            self.store_ok = True
+
+    async def check_store(self) -> bool:
+        """A cheap query, so /healthz notices an unreachable store even while no batch is landing."""
+        if self.store is None:
+            return False
+        try:
+            await asyncio.to_thread(self.store.query, "SELECT 1 AS ok")
+            self.store_ok = True
+        except StoreUnavailable as exc:
+            if self.store_ok:
+                log.warning("store unreachable: %s", exc)
+            self.store_ok = False
+        return self.store_ok
 
     def _builder(self, topic: str, partition: int) -> PartialBuilder:
         builder = self.builders.get((topic, partition))
@@ -404,9 +419,10 @@ def create_app(settings: Settings) -> faust.App:
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         consuming = bool(stage1.consumer and stage1.consumer.assignment())
-        ok = consuming and stage1.sink is not None and not stage1.sink.held
+        store_ok = stage1.store_ok and not (stage1.sink and stage1.sink.held)
+        ok = consuming and store_ok
         body = {"ok": ok, "consuming": consuming, "store": stage1.store.backend if stage1.store else None,
-                "sink_held": bool(stage1.sink and stage1.sink.held)}
+                "store_reachable": store_ok, "sink_held": bool(stage1.sink and stage1.sink.held)}
         return web.json(body, status=200 if ok else 503)
 
     metrics.attach_faust_sensors(app)
@@ -423,6 +439,10 @@ def create_app(settings: Settings) -> faust.App:
     @app.task
     async def stage1_loop() -> None:
         await stage1.consume(bootstrap_servers(settings))
+
+    @app.timer(interval=5.0)
+    async def store_health() -> None:
+        await stage1.check_store()
 
     @app.task
     async def fleet_pictures() -> None:

@@ -152,3 +152,22 @@ def test_pool_labels_are_capped(monkeypatch):
     monkeypatch.setattr(metrics, "MAX_POOL_LABELS", len(metrics._pools_seen) + 3)
     labels = {metrics.pool_label(f"pool-{i}") for i in range(1000)}
     assert len(labels) == 4 and "other" in labels
+
+
+def test_store_health_follows_the_store(app):
+    class DeadStore:
+        backend = "chdb"
+
+        def query(self, sql):
+            from pipeline.sinks.store import StoreUnavailable
+
+            raise StoreUnavailable("gone")
+
+    class LiveStore(DeadStore):
+        def query(self, sql):
+            return [{"ok": 1}]
+
+    app.stage1.store = LiveStore()
+    assert asyncio.run(app.stage1.check_store()) is True
+    app.stage1.store = DeadStore()
+    assert asyncio.run(app.stage1.check_store()) is False and app.stage1.store_ok is False
