@@ -18,6 +18,7 @@ publishes each changed pool's picture to the compacted ``sluice.load.v1``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import uuid
@@ -40,7 +41,8 @@ from .load.picture import AXES, PoolState
 from .settings import Settings, SettingsError, load_settings
 from .sinks.clickhouse import ClickHouseSink
 from .sinks.migrations import migrate
-from .sinks.store import Store, StoreUnavailable, open_store
+from .sinks.readonly import QueryRefused, checked
+from .sinks.store import Store, StoreQueryError, StoreUnavailable, open_store
 from .topic_reader import open_from_beginning
 
 log = logging.getLogger(__name__)
@@ -430,6 +432,26 @@ def create_app(settings: Settings) -> faust.App:
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:
         return aio_web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    @app.page("/query")
+    class Query(faust.web.View):
+        """Read-only SQL against this worker's store (the embedded one is locked to this process)."""
+
+        async def post(self, request: Any) -> Any:
+            if settings.query_token:
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {settings.query_token}".encode()):
+                    return self.json({"error": "missing or wrong bearer token"}, status=401)
+            if stage1.store is None:
+                return self.json({"error": "the store is not open yet"}, status=503)
+            sql = (await request.read()).decode("utf-8", errors="replace")
+            try:
+                statement = checked(sql, settings.query_max_rows)
+                rows = await asyncio.to_thread(stage1.store.read_only, statement)
+            except (QueryRefused, StoreQueryError) as exc:
+                return self.json({"error": str(exc)}, status=400)
+            truncated = len(rows) > settings.query_max_rows
+            return self.json({"rows": rows[: settings.query_max_rows], "truncated": truncated})
 
     @app.page("/pools")
     async def pools(web: Any, request: Any) -> Any:

@@ -147,6 +147,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_query(args: argparse.Namespace) -> int:
+    from .query_client import QueryFailed, render, run_query
+
+    try:
+        rows, truncated = run_query(_settings(), args.sql, args.url)
+    except QueryFailed as exc:
+        print(f"sluice query: {exc}", file=sys.stderr)
+        return 2
+    print(render(rows, args.format))
+    if truncated:
+        print("(truncated to query_max_rows rows)", file=sys.stderr)
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     if args.markdown:
         print(settings_table())
@@ -216,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--unhealthy-after", type=int, default=3, help="failed scrapes in a row before unhealthy")
     collect.add_argument("--iterations", type=int, default=None, help="stop after this many samples")
     collect.set_defaults(func=cmd_collect)
+
+    query = sub.add_parser("query", help="read-only SQL against the store (through the worker for chdb)")
+    query.add_argument("sql")
+    query.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    query.add_argument("--url", help="a worker's /query endpoint (default: this machine's worker)")
+    query.set_defaults(func=cmd_query)
 
     settings = sub.add_parser("settings", help="show the effective settings (secrets masked)")
     settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")

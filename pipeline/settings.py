@@ -22,7 +22,7 @@ ENV_PREFIX = "SLUICE_"
 CONFIG_FILE_ENV = "SLUICE_CONFIG"
 ALIASES = {"kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "clickhouse_url": "CLICKHOUSE_URL",
            "clickhouse_user": "CLICKHOUSE_USER", "clickhouse_password": "CLICKHOUSE_PASSWORD"}
-SECRET_SETTINGS = {"clickhouse_password", "signing_keys"}
+SECRET_SETTINGS = {"clickhouse_password", "signing_keys", "query_token"}
 
 
 class SettingsError(ValueError):
@@ -62,6 +62,12 @@ class Settings:
         "Address the worker's HTTP endpoints (/healthz, /metrics) bind to."))
     web_port: int = field(default=6066, metadata=_doc(
         "Port of the worker's HTTP endpoints.", min=1, max=65535))
+    query_token: str = field(default="", metadata=_doc(
+        "Bearer token the worker's read-only /query endpoint requires; mandatory when `web_host` is not "
+        "a loopback address. Never logged."))
+    query_max_rows: int = field(default=10000, metadata=_doc(
+        "Most rows /query and `sluice query` return; longer results are cut and marked truncated.",
+        min=1, max=10_000_000))
     ingest_batch_max: int = field(default=2000, metadata=_doc(
         "Most events stage 1 decodes and lands as one batch.", min=1, max=100000))
     ingest_batch_within_s: float = field(default=0.25, metadata=_doc(
@@ -119,6 +125,9 @@ class Settings:
             _check(f, getattr(self, f.name))
         if self.cost_window_s < self.fast_window_s:
             raise SettingsError("setting cost_window_s must be at least fast_window_s")
+        if not self.query_token and not _loopback(self.web_host):
+            raise SettingsError(f"web_host={self.web_host} is not a loopback address: set query_token so that "
+                                "the read-only /query endpoint is not open to the network")
 
     @property
     def kafka_dir(self) -> Path:
@@ -136,6 +145,17 @@ class Settings:
             out[f.name] = "***" if f.name in SECRET_SETTINGS and value else (
                 str(value) if isinstance(value, Path) else value)
         return out
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check(f: dataclasses.Field, value: Any) -> None:

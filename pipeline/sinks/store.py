@@ -24,8 +24,15 @@ class StoreUnavailable(RuntimeError):
     """The store refused or could not be reached; the caller holds its rows and retries."""
 
 
+class StoreQueryError(ValueError):
+    """An analyst's query failed in the engine (syntax, unknown table, or refused as a write)."""
+
+
 class Store(Protocol):
     backend: str
+
+    def read_only(self, sql: str) -> list[dict[str, Any]]:
+        """Run one query with the engine in read-only mode (writes and setting changes refused)."""
 
     def command(self, sql: str) -> None: ...
 
@@ -54,6 +61,7 @@ class ChdbStore:
             raise StoreUnavailable(f"cannot open chdb store {path}: {exc}") from exc
         self.path = path
         self._lock = threading.Lock()
+        self._reader = None
         for name, value in JSON_SETTINGS.items():
             self._run(f"SET {name} = {value}")
 
@@ -75,8 +83,27 @@ class ChdbStore:
         result = self._run(sql, "JSONEachRow")
         return [orjson.loads(line) for line in result.bytes().splitlines() if line]
 
+    def read_only(self, sql: str) -> list[dict[str, Any]]:
+        """Through a second session of this process, set read-only once (it cannot be unset)."""
+        from chdb import session
+
+        with self._lock:
+            if self._reader is None:
+                self._reader = session.Session(str(self.path))
+                self._reader.query("SET readonly = 1")
+            try:
+                result = self._reader.query(sql, "JSONEachRow")
+            except Exception as exc:
+                # a failed query can leave a partial result behind in the session: start afresh
+                self._reader.close()
+                self._reader = None
+                raise StoreQueryError(str(exc)) from None
+        return [orjson.loads(line) for line in result.bytes().splitlines() if line]
+
     def close(self) -> None:
         with self._lock:
+            if self._reader is not None:
+                self._reader.close()
             self._session.close()
 
 
@@ -113,6 +140,14 @@ class ServerStore:
                 raw = self._client.raw_query(sql, fmt="JSONEachRow", settings=JSON_SETTINGS)
             except Exception as exc:
                 raise StoreUnavailable(str(exc)) from exc
+        return [orjson.loads(line) for line in raw.splitlines() if line]
+
+    def read_only(self, sql: str) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                raw = self._client.raw_query(sql, fmt="JSONEachRow", settings={**JSON_SETTINGS, "readonly": 1})
+            except Exception as exc:
+                raise StoreQueryError(str(exc)) from None
         return [orjson.loads(line) for line in raw.splitlines() if line]
 
     def close(self) -> None:
