@@ -414,6 +414,11 @@ def create_app(settings: Settings) -> faust.App:
         await stage1.publish_partials()
         await stage2.publish()
 
+    @app.on_before_shutdown.connect
+    async def close_store(sender: Any, **kwargs: Any) -> None:
+        if stage1.store is not None:
+            await asyncio.to_thread(stage1.store.close)
+
     @app.on_rebalance_complete.connect
     async def after_recovery(sender: Any, **kwargs: Any) -> None:
         stage2.rebuild()  # the table has just been recovered from its changelog

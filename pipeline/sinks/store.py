@@ -62,11 +62,14 @@ class ChdbStore:
         self.path = path
         self._lock = threading.Lock()
         self._reader = None
+        self._closed = False
         for name, value in JSON_SETTINGS.items():
             self._run(f"SET {name} = {value}")
 
     def _run(self, sql: str, fmt: str = "CSV"):
         with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"chdb store {self.path} is closed")
             try:
                 return self._session.query(sql, fmt)
             except Exception as exc:
@@ -88,6 +91,8 @@ class ChdbStore:
         from chdb import session
 
         with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"chdb store {self.path} is closed")
             if self._reader is None:
                 self._reader = session.Session(str(self.path))
                 self._reader.query("SET readonly = 1")
@@ -101,7 +106,15 @@ class ChdbStore:
         return [orjson.loads(line) for line in result.bytes().splitlines() if line]
 
     def close(self) -> None:
+        """Waits for a call in flight, then closes; later calls fail fast without touching chdb.
+
+        Closing before the interpreter exits matters: chdb's own shutdown at
+        exit can hang if a worker thread is still inside a query.
+        """
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             if self._reader is not None:
                 self._reader.close()
             self._session.close()
