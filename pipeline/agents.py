@@ -303,8 +303,9 @@ class Stage2:
         self.snapshots: dict[str, dict] = {}
         self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
 
-    def merge(self, partial: Partial) -> None:
-        """Called inside stream iteration, so table writes go to the partial's own partition."""
+    def merge(self, partial: Partial, raw: bytes) -> None:
+        """Called inside stream iteration, so table writes go to the partial's own partition.
+        ``raw`` is the partial as received: it is what the changelog keeps."""
         config = self.configs.for_pool(partial.pool)
         state = self.states.get(partial.pool)
         if state is None:
@@ -314,7 +315,7 @@ class Stage2:
             return
         metrics.PARTIALS_MERGED.inc()
         pool_key = partial.pool.encode() + KEY_SEP
-        self.table[pool_key + partial.id.encode()] = partial.to_bytes()
+        self.table[pool_key + partial.id.encode()] = raw
         for evicted in state.evicted:
             self.table.pop(pool_key + evicted.encode(), None)
         self.changed.add(partial.pool)
@@ -407,7 +408,7 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(partials, name=f"{settings.app_id}.pictures")
     async def pictures(stream: Any) -> None:
         async for value in stream:
-            stage2.merge(Partial.from_bytes(value))
+            stage2.merge(Partial.from_bytes(value), value)
 
     @app.timer(interval=settings.tick_s)
     async def tick() -> None:
