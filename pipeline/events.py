@@ -23,7 +23,6 @@ SCHEMA_VERSION = 1
 DEAD_LETTER_NAMESPACE = uuid.UUID("5a7c1ce0-0000-4000-8000-000000000001")
 
 PRIORITIES = ("critical", "standard", "sheddable", "deferrable")
-TERMINAL_PHASES = frozenset({"completed", "failed", "rejected", "cancelled"})
 
 
 @dataclass(slots=True)
@@ -53,10 +52,6 @@ class RequestEvent:
     error_type: str | None = None
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.phase in TERMINAL_PHASES
 
 
 @dataclass(slots=True)

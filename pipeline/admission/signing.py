@@ -21,7 +21,6 @@ from typing import Mapping
 
 import orjson
 
-SIGNATURE_FIELD = b'"signature":"'
 PLACEHOLDER = b"0" * 64
 TAIL = re.compile(rb'"signature":"([0-9a-f]{64})"\}\Z')
 

@@ -49,7 +49,6 @@ class Collector:
     unhealthy_after: int = 3
     failures_in_a_row: int = 0
     last_good: dict[str, float] = field(default_factory=dict)
-    scrapes: int = 0
     failures: int = 0
 
     def _fetch(self, url: str) -> str:
@@ -58,7 +57,6 @@ class Collector:
 
     def collect(self, now_ms: int) -> dict[str, Any]:
         """One scrape → one ReplicaSample document (always valid, healthy or not)."""
-        self.scrapes += 1
         try:
             fields = parse_engine(self._fetch(self.target.url), self.target.engine)
             if self.target.dcgm_url:

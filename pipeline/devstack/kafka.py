@@ -145,7 +145,7 @@ class KafkaDevstack:
             return "running"
         return "dead"
 
-    def _java(self, main: str, *args: str, **popen) -> list[str]:
+    def _java(self, main: str, *args: str) -> list[str]:
         return [_tool("java"), f"-Xmx{self.heap_mb}m", "-Xms128m", "-XX:+ExitOnOutOfMemoryError",
                 f"-Dlog4j2.configurationFile={HERE / 'log4j2.properties'}",
                 f"-Dkafka.logs.dir={self.home}", "-cp", str(self.libs_dir / "*"), main, *args]

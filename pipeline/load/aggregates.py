@@ -23,7 +23,6 @@ REQUEST_COUNTS = (
     "input_tokens", "output_tokens", "cached_input_tokens",   # from completed and failed attempts
     "ttft_slo_misses",   # completed attempts whose TTFT exceeded their SLO
 )
-SKETCHES = ("ttft", "tpot", "queue")
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
 
@@ -140,12 +139,6 @@ class ReplicaAgg:
     def see(self, latest: ReplicaLatest) -> None:
         if self.latest is None or latest.event_time >= self.latest.event_time:
             self.latest = latest
-
-    def merge(self, other: "ReplicaAgg") -> None:
-        if other.latest is not None:
-            self.see(other.latest)
-        for second, deltas in other.seconds.items():
-            self.add(second, deltas)
 
     def to_dict(self) -> dict[str, Any]:
         return {"latest": None if self.latest is None else self.latest.__dict__,
