@@ -59,9 +59,10 @@ def settings(kafka_bootstrap, namespace, tmp_path) -> Settings:
 def worker_factory(settings, tmp_path):
     started: list[WorkerProcess] = []
 
-    def make(**overrides) -> WorkerProcess:
+    def make(base: Settings | None = None, **overrides) -> WorkerProcess:
+        """A worker with ``base`` settings (default: the test's), ``overrides`` and its own port."""
         overrides.setdefault("web_port", free_port())
-        worker = WorkerProcess(replace(settings, **overrides), tmp_path / f"worker-{len(started)}.log")
+        worker = WorkerProcess(replace(base or settings, **overrides), tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker
 

@@ -38,8 +38,7 @@ def loop_settings(settings):
 def test_overload_sheds_in_order_within_2s_and_recovers(loop_settings, worker_factory):
     s = loop_settings
     asyncio.run(ensure_topics(s, s.kafka_bootstrap_servers))
-    worker_factory(**{k: getattr(s, k) for k in ("tick_s", "fast_window_s", "heartbeat_s", "ingest_batch_within_s",
-                                                  "signing_keys", "signing_key_id", "admission_policy")}).start()
+    worker_factory(s).start()
     config = config_from(POLICY)
 
     async def scenario():

@@ -91,7 +91,7 @@ def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker
     events = five_minutes_of_trace()
     pools = sorted({e.event["pool"] for e in events})
     expected = {pool: offline(events, pool) for pool in pools}
-    first = worker_factory(**backfill_overrides(backfill)).start()
+    first = worker_factory(backfill).start()
     run(produce(backfill, backfill.kafka_bootstrap_servers, events, paced=False))
     pictures = converged(backfill, expected)
     for pool in pools:
@@ -101,7 +101,7 @@ def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker
     wait_for(lambda: raw_committed(backfill), 60, message="stage 1 to commit")
     killed_at_ms = int(time.time() * 1000)
     first.kill()
-    second = worker_factory(**backfill_overrides(backfill)).start()
+    second = worker_factory(backfill).start()
     restored = wait_for(lambda: (p := run(latest_pictures(backfill, backfill.kafka_bootstrap_servers))) and all(
         p[pool]["published_at_ms"] > killed_at_ms for pool in pools) and p, 120, interval_s=0.5,
         message="the restarted worker to republish every pool")
@@ -115,7 +115,7 @@ def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory, 
     events = five_minutes_of_trace()
     pools = sorted({e.event["pool"] for e in events})
     expected = {pool: offline(events, pool) for pool in pools}
-    workers = [worker_factory(**backfill_overrides(backfill), state_dir=tmp_path / f"w{i}").start()
+    workers = [worker_factory(backfill, state_dir=tmp_path / f"w{i}").start()
                for i in range(2)]  # one embedded store per process
     run(produce(backfill, backfill.kafka_bootstrap_servers, events, paced=False))
     pictures = converged(backfill, expected)
@@ -123,6 +123,3 @@ def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory, 
         assert_matches(pictures[pool], expected[pool])
     assert all(w.counts().accepted > 0 for w in workers), "the group split stage 1 between both workers"
 
-
-def backfill_overrides(settings):
-    return {"allowed_lateness_s": settings.allowed_lateness_s, "topic_partitions": settings.topic_partitions}

@@ -88,9 +88,7 @@ def test_prometheus_evaluates_recording_rules_and_fires_the_shedding_alert(setti
     s = replace(settings, tick_s=0.25, fast_window_s=2.0, heartbeat_s=1.0, ingest_batch_within_s=0.05,
                 signing_keys=KEYS, signing_key_id="test")
     asyncio.run(ensure_topics(s, s.kafka_bootstrap_servers))
-    worker = worker_factory(**{k: getattr(s, k) for k in ("tick_s", "fast_window_s", "heartbeat_s",
-                                                          "ingest_batch_within_s", "signing_keys",
-                                                          "signing_key_id")}).start()
+    worker = worker_factory(s).start()
     base = prometheus(f"127.0.0.1:{worker.settings.web_port}")
 
     async def overload(seconds: float) -> None:
