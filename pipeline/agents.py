@@ -33,14 +33,15 @@ from .devstack.kafka import bootstrap_servers
 from .admission.keyring import active_key
 from .admission.policy import STATES, Decision, changed, config_from, decide
 from .admission.signing import sign
-from .events import PRIORITIES, Event, ReplicaSample, RequestEvent
-from .ingest import Record, process_batch
+from .events import PRIORITIES, AdmissionSignal, Event, ReplicaSample, RequestEvent
+from .ingest import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, RecentIds, Record, process_block
 from .load.config import PictureConfigs
 from .load.partial import Partial, PartialBuilder
 from .load.picture import AXES, PoolState
 from .settings import Settings, SettingsError, load_settings
 from .sinks.clickhouse import ClickHouseSink
-from .sinks.migrations import migrate
+from .sinks import positions
+from .sinks.migrations import prepare_store
 from .sinks.readonly import QueryRefused, checked
 from .sinks.store import Store, StoreQueryError, StoreUnavailable, open_store
 from .topic_reader import open_from_beginning
@@ -59,6 +60,9 @@ class Stage1:
         self.store: Store | None = None
         self.sink: ClickHouseSink | None = None
         self.builders: dict[tuple[str, int], PartialBuilder] = {}
+        self.cursors: dict[tuple[str, int], PartitionCursor] = {}
+        self.recent_ids: dict[tuple[str, int], RecentIds] = {}
+        self._landing: asyncio.Task | None = None
         self.consumer: Any = None
         self.store_ok = False
         self._last_tick = 0
@@ -71,9 +75,7 @@ class Stage1:
                 return
             await topics.ensure_topics(self.settings, bootstrap_servers(self.settings))
             self.store = await asyncio.to_thread(open_store, self.settings)
-            applied = await asyncio.to_thread(migrate, self.store)
-            if applied:
-                log.info("applied migrations %s", ", ".join(applied))
+            await asyncio.to_thread(prepare_store, self.store, self.settings)
             self.sink = ClickHouseSink(self.store)
             self.store_ok = True
 
@@ -98,96 +100,166 @@ class Stage1:
         return builder
 
     async def handle(self, cls: type[Event], records: list[Record]) -> asyncio.Task:
-        """Decode, dead-letter and fold one batch of one raw topic.
+        """Decode, dead-letter and fold one fetched batch of one topic.
 
-        Returns once its dead letters are delivered, with its rows still landing
-        in the returned task, so the next batch is decoded while ClickHouse
-        writes this one; the caller commits only after the task is done.
+        Returns once its dead letters are delivered, with its blocks still
+        landing in the returned task (which resolves to each partition's next
+        offset to commit), so the next batch is decoded while ClickHouse
+        writes this one. Landing tasks run one after another: a partition's
+        blocks land in offset order, which is what resuming relies on.
         """
         started = time.perf_counter()
         if self.sink is None:
             await self.ready()
-        topic = records[0].topic
-        outcome = process_batch(cls, records, self.settings.max_event_bytes, int(time.time() * 1000))
-        pending = [await self.dead_letter_topic.send(key=key, value=value) for key, value in outcome.dead_letters]
+        s = self.settings
+        now_ms = int(time.time() * 1000)
+        by_partition: dict[int, list[Record]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        blocks: list[BlockOutcome] = []
+        for partition, recs in by_partition.items():
+            where = (recs[0].topic, partition)
+            cursor = self.cursors.setdefault(where, PartitionCursor())
+            seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
+            blocks += [process_block(cls, block, s.max_event_bytes, now_ms, seen) for block in cursor.cut(recs)]
+        pending = [await self.dead_letter_topic.send(key=key, value=value)
+                   for block in blocks for key, value in block.dead_letters]
         if pending:
             await asyncio.gather(*pending)
+        topic = records[0].topic
+        self._fold(cls, topic, blocks)
+        previous = self._landing
+
+        async def land() -> dict[tuple[str, int], int]:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
+            for block in blocks:
+                landing = time.perf_counter()
+                await self.sink.land(DEAD_LETTER_TABLE, block.dead_letter_rows, block.token(DEAD_LETTER_TABLE))
+                await self.sink.land(block.table, block.rows, block.token(block.table))
+                metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - landing)
+                if block.oldest_event_ms:
+                    metrics.LANDING_LAG_SECONDS.labels(block.table).observe(
+                        max(0.0, time.time() - block.oldest_event_ms / 1000))
+                if cls is not AdmissionSignal:  # signals are the pipeline's own output, counted as sink rows
+                    metrics.EVENTS_ACCEPTED.labels(topic).inc(len(block.rows))
+            metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+            return {(block.topic, block.partition): block.next_offset for block in blocks}
+
+        self._landing = task = asyncio.ensure_future(land())
+        return task
+
+    def _fold(self, cls: type[Event], topic: str, blocks: list[BlockOutcome]) -> None:
+        """Accepted events into the partition's partial builder, and the per-batch counters."""
         completed: dict[str, list[int]] = {}
-        for partition, event in outcome.events:
-            builder = self._builder(topic, partition)
-            if cls is RequestEvent:
-                builder.fold_request(event)
-                if event.phase == "completed":
-                    counts = completed.setdefault(event.pool, [0, 0])
-                    counts[0] += 1
-                    if event.ttft_s is not None and event.slo_ttft_s is not None and event.ttft_s > event.slo_ttft_s:
-                        counts[1] += 1
-            else:
-                builder.fold_sample(event)
+        for block in blocks:
+            metrics.count_dead_letters(topic, block.reasons)
+            if block.duplicates:
+                metrics.EVENTS_DUPLICATE.labels(topic).inc(block.duplicates)
+            if block.newest_event_ms:
+                metrics.NEWEST_EVENT_TIME.labels(topic).set(block.newest_event_ms / 1000)
+            if cls is AdmissionSignal:
+                continue
+            builder = self._builder(topic, block.partition)
+            for event in block.events:
+                if cls is RequestEvent:
+                    builder.fold_request(event)
+                    if event.phase == "completed":
+                        counts = completed.setdefault(event.pool, [0, 0])
+                        counts[0] += 1
+                        if (event.ttft_s is not None and event.slo_ttft_s is not None
+                                and event.ttft_s > event.slo_ttft_s):
+                            counts[1] += 1
+                else:
+                    builder.fold_sample(event)
         for pool, (done, missed) in completed.items():
             label = metrics.pool_label(pool)
             metrics.REQUESTS_COMPLETED.labels(label).inc(done)
             metrics.TTFT_SLO_MISSES.labels(label).inc(missed)
-        metrics.count_dead_letters(topic, outcome.reasons)
-        if outcome.newest_event_ms:
-            metrics.NEWEST_EVENT_TIME.labels(topic).set(outcome.newest_event_ms / 1000)
 
-        async def land() -> None:
-            landing = time.perf_counter()
-            await self.sink.land(outcome.table, outcome.rows, outcome.dedup_token)
-            metrics.SINK_BATCH_SECONDS.labels(outcome.table).observe(time.perf_counter() - landing)
-            metrics.EVENTS_ACCEPTED.labels(topic).inc(len(outcome.rows))
-            metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+    async def resume(self, consumer: Any, tp: Any, cls: type[Event]) -> None:
+        """Start a newly assigned partition after what the store holds of it.
 
-        return asyncio.ensure_future(land())
+        Blocks between the committed offset and the last landed block landed
+        already and are skipped; the last one is replayed on its old
+        boundaries (it may have landed in one table only), and the partition's
+        recent event ids are reloaded so re-sent events stay dropped.
+        """
+        s = self.settings
+        committed = await consumer.committed(tp) or 0
+        table = TABLE_OF[cls]
+        last = await self.sink.call("resume", positions.last_block, self.store, table, tp.topic, tp.partition,
+                                    committed)
+        where = (tp.topic, tp.partition)
+        start = last[0] if last else committed
+        if s.dedup_recent_ids:
+            ids = await self.sink.call("resume", positions.recent_ids, self.store, table, tp.topic, tp.partition,
+                                       start, s.dedup_recent_ids)
+            self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
+        self.cursors[where] = PartitionCursor(last)
+        consumer.seek(tp, start)
+        if last is not None:
+            log.info("stage 1 resumes %s/%d at its last landed block %d-%d (committed %d)",
+                     tp.topic, tp.partition, last[0], last[1], committed)
+
+    def forget(self, topic: str, partition: int) -> None:
+        """A revoked partition's per-partition state goes; its next owner rebuilds it from the store."""
+        for state in (self.builders, self.cursors, self.recent_ids):
+            state.pop((topic, partition), None)
 
     async def consume(self, bootstrap: str) -> None:
-        """Stage 1's loop: fetch a batch per poll, handle it per topic, commit it once it has landed.
+        """Stage 1's loop: fetch a batch per poll, handle it per topic, commit what has landed.
 
         A batch is read with aiokafka's ``getmany`` rather than through a Faust
         stream: stage 1 sees every raw event, and per-message stream machinery
         cost more than all of stage 1's own work (see docs/load-picture.md).
         One batch lands while the next is decoded; offsets are committed in
-        order, each only after its batch's rows are durable.
+        order, each only after its blocks are durable.
         """
-        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
         from aiokafka.errors import CommitFailedError, IllegalStateError
 
         stage1 = self
-        inflight: list[tuple[list[asyncio.Task], dict]] = []
+        inflight: list[asyncio.Task] = []
         lag: dict[Any, int] = {}
 
         async def settle() -> None:
-            """Wait for the batch in flight to land, then commit it."""
+            """Wait for the batches in flight to land, then commit what they landed."""
+            offsets: dict[tuple[str, int], int] = {}
             while inflight:
-                tasks, offsets = inflight.pop(0)
-                await asyncio.gather(*tasks)
-                try:
-                    await consumer.commit(offsets)
-                except (CommitFailedError, IllegalStateError) as exc:
-                    # a rebalance moved the partitions mid-batch: the new owner reads the batch again
-                    # (landing drops the duplicate rows; the picture may count it twice)
-                    log.warning("stage 1 commit after rebalance failed: %s", exc)
+                offsets.update(await inflight.pop(0))
+            if not offsets:
+                return
+            try:
+                await consumer.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
+            except (CommitFailedError, IllegalStateError) as exc:
+                # a rebalance moved the partitions: the new owner resumes after what landed
+                log.warning("stage 1 commit after rebalance failed: %s", exc)
 
-        class Revoke(ConsumerRebalanceListener):
+        class Rebalance(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 await settle()
                 await stage1.publish_partials()  # what was folded from them goes out before they move
                 for tp in revoked:
-                    stage1.builders.pop((tp.topic, tp.partition), None)
+                    stage1.forget(tp.topic, tp.partition)
                     lag.pop(tp, None)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                pass
+                # paused until resumed: nothing may be handled from a position the store has not confirmed
+                consumer.pause(*assigned)
+                for tp in assigned:
+                    await stage1.resume(consumer, tp, classes[tp.topic])
+                consumer.resume(*assigned)
 
         s = self.settings
         await self.ready()
-        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
+        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample,
+                   topics.ADMISSION.name(s): AdmissionSignal}
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=topics.stage1_group(s), enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=topics.raw_topic_max_bytes(s),
             fetch_max_bytes=max(52428800, topics.raw_topic_max_bytes(s)), max_poll_records=s.ingest_batch_max)
-        consumer.subscribe(list(classes), listener=Revoke())
+        consumer.subscribe(list(classes), listener=Rebalance())
         await consumer.start()
         self.consumer = consumer
         try:
@@ -209,12 +281,11 @@ class Stage1:
                 for topic in classes:
                     metrics.CONSUMER_LAG.labels(topic).set(sum(v for tp, v in lag.items() if tp.topic == topic))
                 await settle()
-                inflight.append((landing, {tp: messages[-1].offset + 1 for tp, messages in fetched.items()}))
+                inflight.extend(landing)
         finally:
             self.consumer = None
-            for tasks, _ in inflight:
-                for task in tasks:
-                    task.cancel()
+            for task in inflight:
+                task.cancel()
             await consumer.stop()
 
     async def publish_partials(self) -> int:

@@ -58,12 +58,13 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from .sinks.migrations import migrate
+    from .sinks.migrations import prepare_store
     from .sinks.store import open_store
 
-    store = open_store(_settings())
+    settings = _settings()
+    store = open_store(settings)
     try:
-        applied = migrate(store)
+        applied = prepare_store(store, settings)
     finally:
         store.close()
     print("applied: " + (", ".join(applied) if applied else "nothing (store is current)"))

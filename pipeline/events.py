@@ -79,7 +79,37 @@ class ReplicaSample:
     power_w: float | None = None
 
 
-Event = Union[RequestEvent, ReplicaSample]
+class AdmissionSignal:
+    """A signal read back for landing: the validated document, kept whole (routers verify the bytes,
+    not this)."""
+
+    schema: ClassVar[str] = "admission_signal"
+    key_field: ClassVar[str] = "pool"
+    __slots__ = ("doc",)
+
+    def __init__(self, **doc: Any) -> None:
+        self.doc = doc
+
+    @property
+    def event_id(self) -> str:
+        return self.doc["event_id"]
+
+    @property
+    def event_time(self) -> int:
+        return self.doc["event_time"]
+
+    def row(self) -> dict[str, Any]:
+        d = self.doc
+        admit = d.get("admit_fraction", {})
+        out = {name: d.get(name) for name in ("event_id", "pool", "seq", "state", "pressure", "key_id")}
+        out.update({f"admit_{cls}": admit.get(cls, 1.0) for cls in PRIORITIES})
+        out["issued_at"] = d["issued_at"]
+        out["valid_until"] = d["valid_until"]
+        out["signal"] = orjson.dumps(d).decode()
+        return out
+
+
+Event = Union[RequestEvent, ReplicaSample, AdmissionSignal]
 
 
 @dataclass(frozen=True, slots=True)

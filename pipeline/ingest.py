@@ -1,19 +1,35 @@
-"""Stage 1's pure step: a batch of Kafka records → rows to land and dead letters.
+"""Stage 1's pure steps: records → landing blocks → rows, dead letters and duplicates.
 
 No Faust, no Kafka, no clock reads (``now_ms`` is passed in), so it is tested
 directly and the agent stays a thin loop around it.
+
+Exactly-once landing rests on three facts kept here:
+
+- a **block** is a run of records of *one* source partition; its rows carry
+  ``block_start``/``block_end`` and its inserts a token made of the topic,
+  partition and offset range, so the same block always yields the same
+  insert (``insert_deduplication_token`` drops a re-sent one);
+- after a restart, a partition resumes at the last block the store holds and
+  ``PartitionCursor`` cuts the redelivered records on exactly that block's
+  boundaries, however Kafka batches them this time;
+- ``RecentIds`` drops an ``event_id`` seen recently in the same partition (a
+  producer retry), so duplicates never reach the materialized views.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import orjson
 
-from .events import Event, Rejected, ReplicaSample, RequestEvent, as_dict, dead_letter, decode
+from .events import (AdmissionSignal, Event, Rejected, ReplicaSample, RequestEvent, as_dict, dead_letter,
+                     decode)
 
-TABLE_OF = {RequestEvent: "request_events", ReplicaSample: "replica_samples"}
+TABLE_OF: dict[type, str] = {RequestEvent: "request_events", ReplicaSample: "replica_samples",
+                             AdmissionSignal: "admission_signals"}
+DEAD_LETTER_TABLE = "dead_letters"
 
 
 class Record(NamedTuple):
@@ -25,21 +41,52 @@ class Record(NamedTuple):
     value: bytes | None
 
 
+class RecentIds:
+    """The last ``capacity`` event ids of one partition, oldest forgotten first."""
+
+    def __init__(self, capacity: int, ids: Iterable[str] = ()) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        for event_id in ids:
+            self.add(event_id)
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, event_id: str) -> None:
+        self._ids[event_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+
 @dataclass
-class BatchOutcome:
+class BlockOutcome:
+    """One landing block: what goes to each table, to the dead-letter topic, and into the picture."""
+
     table: str
+    topic: str
+    partition: int
+    start: int
+    end: int
     rows: list[bytes] = field(default_factory=list)
-    events: list[tuple[int, Event]] = field(default_factory=list)  # (source partition, event)
+    events: list[Event] = field(default_factory=list)
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)
+    dead_letter_rows: list[bytes] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
-    offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    duplicates: int = 0
     newest_event_ms: int = 0
+    oldest_event_ms: int = 0
+
+    def token(self, table: str) -> str:
+        """Deterministic for the block, so a re-sent insert is dropped by the store."""
+        return f"{table}:{self.topic}/{self.partition}/{self.start}-{self.end}"
 
     @property
-    def dedup_token(self) -> str:
-        """Deterministic for the same offset ranges, so a redelivered batch is dropped by the store."""
-        ranges = ",".join(f"{t}/{p}/{lo}-{hi}" for (t, p), (lo, hi) in sorted(self.offsets.items()))
-        return f"{self.table}:{ranges}"
+    def next_offset(self) -> int:
+        return self.end + 1
 
 
 def event_time_text(ms: int) -> str:
@@ -47,28 +94,93 @@ def event_time_text(ms: int) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-def row(event: Event, partition: int, offset: int) -> bytes:
-    doc = as_dict(event)
-    doc["event_time"] = event_time_text(event.event_time)
-    doc["source_partition"] = partition
-    doc["source_offset"] = offset
+def _position(doc: dict[str, Any], rec: Record, start: int, end: int) -> bytes:
+    doc["source_topic"] = rec.topic
+    doc["source_partition"] = rec.partition
+    doc["source_offset"] = rec.offset
+    doc["block_start"] = start
+    doc["block_end"] = end
     return orjson.dumps(doc)
 
 
-def process_batch(cls: type[Event], records: Iterable[Record], max_bytes: int, now_ms: int) -> BatchOutcome:
-    out = BatchOutcome(TABLE_OF[cls])
+def row(event: Event, rec: Record, start: int, end: int) -> bytes:
+    if isinstance(event, AdmissionSignal):
+        doc = event.row()
+        doc["issued_at"] = event_time_text(doc["issued_at"])
+        doc["valid_until"] = event_time_text(doc["valid_until"])
+    else:
+        doc = as_dict(event)
+    doc["event_time"] = event_time_text(event.event_time)
+    return _position(doc, rec, start, end)
+
+
+def dead_letter_row(letter: bytes, rec: Record, start: int, end: int) -> bytes:
+    doc = orjson.loads(letter)
+    del doc["schema_version"]
+    doc["event_time"] = event_time_text(doc["event_time"])
+    if doc["source_timestamp"] is not None:
+        doc["source_timestamp"] = event_time_text(doc["source_timestamp"])
+    return _position(doc, rec, start, end)
+
+
+def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
+                  seen: RecentIds | None = None) -> BlockOutcome:
+    """Decode one block (records of one partition, in offset order)."""
+    first = records[0]
+    start, end = first.offset, records[-1].offset
+    out = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, start, end)
     for rec in records:
-        where = (rec.topic, rec.partition)
-        lo, hi = out.offsets.get(where, (rec.offset, rec.offset))
-        out.offsets[where] = (min(lo, rec.offset), max(hi, rec.offset))
         result = decode(cls, rec.value, rec.key, max_bytes)
         if isinstance(result, Rejected):
-            out.dead_letters.append(dead_letter(result, rec.value, rec.key, rec.topic, rec.partition,
-                                                rec.offset, rec.timestamp_ms, now_ms))
+            key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
+                                      rec.timestamp_ms, now_ms)
+            out.dead_letters.append((key, letter))
+            out.dead_letter_rows.append(dead_letter_row(letter, rec, start, end))
             out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
-        else:
-            out.rows.append(row(result, rec.partition, rec.offset))
-            out.events.append((rec.partition, result))
-            if result.event_time > out.newest_event_ms:
-                out.newest_event_ms = result.event_time
+            continue
+        if seen is not None:
+            if result.event_id in seen:
+                out.duplicates += 1
+                continue
+            seen.add(result.event_id)
+        out.rows.append(row(result, rec, start, end))
+        out.events.append(result)
+        if result.event_time > out.newest_event_ms:
+            out.newest_event_ms = result.event_time
+        if not out.oldest_event_ms or result.event_time < out.oldest_event_ms:
+            out.oldest_event_ms = result.event_time
     return out
+
+
+class PartitionCursor:
+    """Cuts one partition's records into landing blocks.
+
+    Normally whatever arrived is one block. After a restart it first replays
+    ``replay`` — the block the store saw last, which may have landed in one
+    table and not the other — on exactly its old boundaries, holding records
+    until the block is complete, so its inserts repeat their old tokens.
+    """
+
+    def __init__(self, replay: tuple[int, int] | None = None) -> None:
+        self.replay = replay
+        self.held: list[Record] = []
+
+    def cut(self, records: list[Record]) -> list[list[Record]]:
+        pending = self.held + records
+        self.held = []
+        if not pending:
+            return []
+        blocks = []
+        if self.replay is not None:
+            _, end = self.replay
+            inside = [r for r in pending if r.offset <= end]
+            if pending[-1].offset < end:
+                self.held = inside
+                return []
+            self.replay = None
+            if inside:
+                blocks.append(inside)
+            pending = pending[len(inside):]
+        if pending:
+            blocks.append(pending)
+        return blocks

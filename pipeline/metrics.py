@@ -34,6 +34,13 @@ INGEST_BATCH_SECONDS = Histogram("sluice_ingest_batch_seconds",
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=REGISTRY)
 SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by table.", ["table"], registry=REGISTRY)
+EVENTS_DUPLICATE = Counter("sluice_events_duplicate_total",
+                           "Events dropped before landing because the same event_id was seen recently "
+                           "in the same partition (a producer retry).", ["topic"], registry=REGISTRY)
+LANDING_LAG_SECONDS = Histogram("sluice_landing_lag_seconds",
+                                "Event time of a block's oldest event to the block being queryable.", ["table"],
+                                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300),
+                                registry=REGISTRY)
 SINK_RETRIES = Counter("sluice_sink_retries_total", "Inserts retried because the store was unavailable.",
                        ["table"], registry=REGISTRY)
 SINK_HELD = Gauge("sluice_sink_held", "1 while the sink holds a batch back because the store is unavailable.",

@@ -75,6 +75,12 @@ class Settings:
     max_event_bytes: int = field(default=1048576, metadata=_doc(
         "Largest accepted event value, bytes; larger ones are dead-lettered.",
         min=1024, max=16777216))
+    dedup_recent_ids: int = field(default=20000, metadata=_doc(
+        "Event ids per source partition stage 1 remembers to drop a re-sent event (a producer retry) "
+        "before it lands; rebuilt from the store after a restart.", min=0, max=10_000_000))
+    retention_days: int = field(default=30, metadata=_doc(
+        "Days landed rows and per-minute aggregates are kept (ClickHouse TTL); 0 keeps them forever. "
+        "Applied at worker start and by `sluice db migrate`.", min=0, max=36500))
     clickhouse_url: str = field(default="", metadata=_doc(
         "ClickHouse server URL (http://host:8123/db). Empty: the embedded chdb "
         "store under `chdb_path`."))

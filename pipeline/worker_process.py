@@ -26,6 +26,7 @@ from .settings import ALIASES, ENV_PREFIX, Settings
 class Counts:
     accepted: int = 0
     dead_lettered: int = 0
+    duplicates: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -40,6 +41,8 @@ def scrape_counts(base_url: str, timeout_s: float = 2.0) -> Counts:
         for sample in family.samples:
             if sample.name == "sluice_events_accepted_total":
                 counts.accepted += int(sample.value)
+            elif sample.name == "sluice_events_duplicate_total":
+                counts.duplicates += int(sample.value)
             elif sample.name == "sluice_events_dead_lettered_total":
                 counts.dead_lettered += int(sample.value)
                 reason = sample.labels["reason"]

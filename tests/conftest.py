@@ -49,10 +49,13 @@ def namespace() -> str:
 
 @pytest.fixture
 def settings(kafka_bootstrap, namespace, tmp_path) -> Settings:
-    """Settings for one test: its own topics, consumer group, store and HTTP port."""
+    """Settings for one test: its own topics, consumer group, store and HTTP port.
+
+    Retention is off: the trace replays at fixed past dates, which a TTL would drop on insert.
+    """
     return load_settings(env={}, kafka_bootstrap_servers=kafka_bootstrap, topic_namespace=namespace,
                          app_id=f"sluice-{namespace}", state_dir=str(tmp_path / "state"),
-                         web_port=free_port())
+                         web_port=free_port(), retention_days=0)
 
 
 @pytest.fixture

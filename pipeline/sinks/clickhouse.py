@@ -1,20 +1,22 @@
-"""The ClickHouse sink: lands a batch durably before stage 1 moves on.
+"""The ClickHouse sink: lands a block durably before stage 1 commits it.
 
-Stage 1 calls ``land`` inside its agent and only then takes the next batch,
-so Kafka offsets are committed only after the rows are durable. While the
-store is unavailable ``land`` holds the batch and retries with capped
-backoff: consumption pauses, memory stays at one batch, nothing is dropped.
+While the store is unavailable every call holds and retries with capped
+backoff: stage 1 stops taking batches (at most one fetched batch and one
+landing batch in memory), nothing is dropped, and it drains the backlog
+when the store answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Callable, TypeVar
 
 from .. import metrics
 from .store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClickHouseSink:
@@ -24,25 +26,29 @@ class ClickHouseSink:
         self.retry_max_s = retry_max_s
         self.held = False
 
-    async def land(self, table: str, rows: list[bytes], dedup_token: str) -> None:
-        if not rows:
-            return
-        payload = b"\n".join(rows)
+    async def call(self, label: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run a store call in a thread, holding and retrying while the store is unavailable."""
         delay = self.retry_initial_s
         while True:
             try:
-                await asyncio.to_thread(self.store.insert, table, payload, dedup_token)
+                result = await asyncio.to_thread(fn, *args)
                 break
             except StoreUnavailable as exc:
                 if not self.held:
-                    log.warning("store unavailable, holding %d rows for %s: %s", len(rows), table, exc)
+                    log.warning("store unavailable, holding %s: %s", label, exc)
                 self.held = True
-                metrics.SINK_HELD.labels(table).set(1)
-                metrics.SINK_RETRIES.labels(table).inc()
+                metrics.SINK_HELD.labels(label).set(1)
+                metrics.SINK_RETRIES.labels(label).inc()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
         if self.held:
-            log.warning("store available again, landed the held batch for %s", table)
+            log.warning("store available again (%s)", label)
             self.held = False
-        metrics.SINK_HELD.labels(table).set(0)
+        metrics.SINK_HELD.labels(label).set(0)
+        return result
+
+    async def land(self, table: str, rows: list[bytes], dedup_token: str) -> None:
+        if not rows:
+            return
+        await self.call(table, self.store.insert, table, b"\n".join(rows), dedup_token)
         metrics.SINK_ROWS.labels(table).inc(len(rows))

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
+import orjson
+
+from ..cost import price_table
+from ..settings import Settings
 from .store import Store
+
+log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
@@ -43,4 +50,59 @@ def migrate(store: Store, sql_dir: Path = SQL_DIR) -> list[str]:
             store.command(statement)
         store.command(f"INSERT INTO sluice_migrations (version, name) VALUES ({version}, '{name}')")
         applied.append(f"{version:03d}_{name}")
+    return applied
+
+
+RETAINED_TABLES = {  # table → the time column its TTL counts from
+    "request_events": "event_time",
+    "replica_samples": "event_time",
+    "admission_signals": "event_time",
+    "dead_letters": "event_time",
+    "pool_minute": "minute",
+}
+
+
+def apply_retention(store: Store, days: int) -> list[str]:
+    """Make each landed table's TTL match ``retention_days`` (0: keep forever); returns tables changed.
+
+    Existing parts are not rewritten at once (``materialize_ttl_after_modify =
+    0``); merges apply the new TTL as they go.
+    """
+    changed = []
+    for table, column in RETAINED_TABLES.items():
+        rows = store.query(f"SELECT create_table_query AS q FROM system.tables "
+                           f"WHERE database = currentDatabase() AND name = '{table}'")
+        current = re.search(r"\bTTL (.+?) SETTINGS", rows[0]["q"]) if rows else None
+        wanted = f"toDateTime({column}) + toIntervalDay({days})" if days else None
+        have = current.group(1).strip() if current else None
+        if have == wanted:
+            continue
+        if wanted:
+            store.command(f"ALTER TABLE {table} MODIFY TTL {wanted} SETTINGS materialize_ttl_after_modify = 0")
+        elif have:
+            store.command(f"ALTER TABLE {table} REMOVE TTL")
+        changed.append(table)
+    return changed
+
+
+def sync_reference(store: Store, prices: dict[str, float], config: dict[str, float]) -> None:
+    """Mirror the price table and the settings the views use; the settings stay the one source."""
+    for table, values in (("gpu_prices", prices), ("sluice_config", config)):
+        rows = b"\n".join(orjson.dumps({"hardware" if table == "gpu_prices" else "name": name,
+                                        "usd_per_gpu_hour" if table == "gpu_prices" else "value": float(value)})
+                          for name, value in sorted(values.items()))
+        if rows:
+            store.insert(table, rows)
+
+
+def prepare_store(store: Store, settings: Settings) -> list[str]:
+    """Everything a worker needs of the store before landing: migrations, retention, reference data."""
+    applied = migrate(store)
+    if applied:
+        log.info("applied migrations %s", ", ".join(applied))
+    changed = apply_retention(store, settings.retention_days)
+    if changed:
+        log.info("retention set to %s days on %s", settings.retention_days or "unlimited", ", ".join(changed))
+    sync_reference(store, price_table(settings.gpu_prices),
+                   {"replica_stale_after_s": settings.replica_stale_after_s})
     return applied

@@ -33,3 +33,15 @@ async def read_all(bootstrap: str, topic: str) -> list:
         return records
     finally:
         await consumer.stop()
+
+
+async def rewind_group(bootstrap: str, group: str, topics: list[str]) -> None:
+    """Commit offset 0 for every partition of ``topics`` in ``group`` (which must have no live members)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in sorted(await consumer._client._wait_on_metadata(t))]
+        consumer.assign(parts)
+        await consumer.commit({tp: 0 for tp in parts})
+    finally:
+        await consumer.stop()

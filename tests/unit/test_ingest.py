@@ -1,25 +1,88 @@
-"""The pure stage-1 step: rows, dead letters, offsets and the dedup token."""
+"""The pure stage-1 steps: blocks, rows, dead letters, duplicates and replay cuts."""
 
 import orjson
+from hypothesis import given, strategies as st
 
-from pipeline.events import RequestEvent
-from pipeline.ingest import Record, event_time_text, process_batch
+from pipeline.events import AdmissionSignal, RequestEvent
+from pipeline.ingest import PartitionCursor, RecentIds, Record, event_time_text, process_block
 from pipeline.sim.specimens import request_event
 
 
-def test_batch_splits_into_rows_and_dead_letters_with_offset_ranges():
+def test_block_splits_into_rows_and_dead_letters_carrying_position_and_token():
     good = request_event()
-    records = [Record("raw", 0, 10, 1, b"task-1", orjson.dumps(good)),
-               Record("raw", 0, 11, 1, b"task-1", b"{oops"),
-               Record("raw", 1, 5, 1, None, orjson.dumps(good))]
-    out = process_batch(RequestEvent, records, 1 << 20, now_ms=42)
-    assert [orjson.loads(r)["event_id"] for r in out.rows] == [good["event_id"]]
-    assert orjson.loads(out.rows[0])["event_time"] == event_time_text(good["event_time"])
+    records = [Record("raw", 3, 10, 1, b"task-1", orjson.dumps(good)),
+               Record("raw", 3, 11, 1_700_000_000_123, b"task-1", b"{oops"),
+               Record("raw", 3, 12, 1, None, orjson.dumps(good))]
+    out = process_block(RequestEvent, records, 1 << 20, now_ms=42)
+    row, = [orjson.loads(r) for r in out.rows]
+    assert row["event_id"] == good["event_id"] and row["event_time"] == event_time_text(good["event_time"])
+    assert (row["source_topic"], row["source_partition"], row["source_offset"]) == ("raw", 3, 10)
+    assert (row["block_start"], row["block_end"]) == (10, 12)
     assert out.reasons == {"malformed_json": 1, "null_key": 1}
-    assert [k for k, _ in out.dead_letters] == [b"raw/0/11", b"raw/1/5"]
-    assert out.offsets == {("raw", 0): (10, 11), ("raw", 1): (5, 5)}
-    assert out.dedup_token == "request_events:raw/0/10-11,raw/1/5-5"
-    assert out.newest_event_ms == good["event_time"]
+    assert [k for k, _ in out.dead_letters] == [b"raw/3/11", b"raw/3/12"]
+    letters = [orjson.loads(r) for r in out.dead_letter_rows]
+    assert [(d["source_offset"], d["block_start"], d["block_end"]) for d in letters] == [(11, 10, 12), (12, 10, 12)]
+    assert letters[0]["source_timestamp"] == "1700000000.123" and "schema_version" not in letters[0]
+    assert out.token("request_events") == "request_events:raw/3/10-12"
+    assert out.token("dead_letters") == "dead_letters:raw/3/10-12"
+    assert out.next_offset == 13 and out.newest_event_ms == out.oldest_event_ms == good["event_time"]
+
+
+def test_a_recently_seen_event_id_is_dropped_as_a_duplicate():
+    event = request_event()
+    seen = RecentIds(10)
+    first = process_block(RequestEvent, [Record("raw", 0, 0, 1, b"task-1", orjson.dumps(event))], 1 << 20, 0, seen)
+    again = process_block(RequestEvent, [Record("raw", 0, 1, 1, b"task-1", orjson.dumps(event)),
+                                         Record("raw", 0, 2, 1, b"task-1", orjson.dumps(event))], 1 << 20, 0, seen)
+    assert len(first.rows) == 1 and again.rows == [] and again.duplicates == 2
+
+
+def test_recent_ids_forget_the_oldest_beyond_capacity():
+    ids = RecentIds(2, ["a", "b"])
+    ids.add("c")
+    assert "a" not in ids and "b" in ids and "c" in ids and len(ids) == 2
+
+
+def test_admission_signals_land_as_rows():
+    from pipeline.admission.signing import sign
+    from tests.unit.test_signing import example_signal
+
+    doc = example_signal()
+    out = process_block(AdmissionSignal, [Record("adm", 0, 7, 1, doc["pool"].encode(), sign(doc, "k1", b"s" * 32))],
+                        1 << 20, 0)
+    row, = [orjson.loads(r) for r in out.rows]
+    assert out.table == "admission_signals" and row["pool"] == doc["pool"] and row["key_id"] == "k1"
+    assert row["admit_critical"] == doc["admit_fraction"]["critical"]
+    assert row["valid_until"] == event_time_text(doc["valid_until"]) and orjson.loads(row["signal"])["seq"] == doc["seq"]
+
+
+def recs(offsets):
+    return [Record("t", 0, o, None, b"k", b"v") for o in offsets]
+
+
+def test_cursor_without_replay_makes_one_block_of_what_arrived():
+    assert [[r.offset for r in b] for b in PartitionCursor().cut(recs([5, 6, 7]))] == [[5, 6, 7]]
+
+
+def test_cursor_replays_the_last_landed_block_on_its_old_boundaries():
+    cursor = PartitionCursor((10, 14))
+    assert cursor.cut(recs([10, 11])) == []  # incomplete: held
+    blocks = cursor.cut(recs([12, 13, 14, 15, 16]))
+    assert [[r.offset for r in b] for b in blocks] == [[10, 11, 12, 13, 14], [15, 16]]
+    assert [[r.offset for r in b] for b in cursor.cut(recs([17]))] == [[17]]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10))
+def test_cursor_replay_is_independent_of_how_kafka_batches_the_records(sizes):
+    offsets = list(range(100, 140))
+    cursor, blocks, i = PartitionCursor((100, 119)), [], 0
+    for size in sizes * 10:
+        if i >= len(offsets):
+            break
+        blocks += cursor.cut(recs(offsets[i:i + size]))
+        i += size
+    assert [r.offset for r in blocks[0]] == list(range(100, 120)) if i >= 20 else blocks == []
+    assert [r.offset for b in blocks for r in b] == offsets[:len([r for b in blocks for r in b])]
 
 
 def test_event_time_text_is_exact_milliseconds():
