@@ -162,6 +162,19 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .query_client import QueryFailed, render
+    from .report import pool_report
+
+    try:
+        rows = pool_report(_settings(), args.since_hours, args.url)
+    except QueryFailed as exc:
+        print(f"sluice report: {exc}", file=sys.stderr)
+        return 2
+    print(render(rows, args.format))
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     if args.markdown:
         print(settings_table())
@@ -237,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
     query.add_argument("--url", help="a worker's /query endpoint (default: this machine's worker)")
     query.set_defaults(func=cmd_query)
+
+    report = sub.add_parser("report", help="per pool: requests, success, TTFT/TPOT quantiles, SLO attainment, "
+                                           "cost per successful task, waste share")
+    report.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    report.add_argument("--since-hours", type=float, default=None, help="only the last N hours (default: all)")
+    report.add_argument("--url", help="a worker's /query endpoint (default: this machine's worker)")
+    report.set_defaults(func=cmd_report)
 
     settings = sub.add_parser("settings", help="show the effective settings (secrets masked)")
     settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")

@@ -87,8 +87,11 @@ ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY name;
 
 -- Per pool, priority class and minute: terminal attempts (one per attempt).
--- Quantiles are DDSketch states with 1% relative accuracy, the same error
--- bound as the load picture's sketch; read them with quantilesDDMerge(0.01, …).
+-- Latency quantile states are quantileBFloat16: a mergeable histogram of the
+-- values with their mantissa cut to 8 bits, so a quantile read from them is
+-- the exact one rounded down by less than 0.8% — inside the 1% the load
+-- picture's sketch allows. Read them with quantilesBFloat16Merge(0.5, 0.95, 0.99).
+-- (ClickHouse's quantileDD was measured at up to 2.5% off at its 1% setting.)
 CREATE TABLE IF NOT EXISTS pool_minute
 (
     pool                LowCardinality(String),
@@ -105,9 +108,9 @@ CREATE TABLE IF NOT EXISTS pool_minute
     input_tokens        SimpleAggregateFunction(sum, UInt64),
     cached_input_tokens SimpleAggregateFunction(sum, UInt64),
     output_tokens       SimpleAggregateFunction(sum, UInt64),
-    ttft_state          AggregateFunction(quantileDD(0.01, 0.5), Float64),
-    tpot_state          AggregateFunction(quantileDD(0.01, 0.5), Float64),
-    duration_state      AggregateFunction(quantileDD(0.01, 0.5), Float64)
+    ttft_state          AggregateFunction(quantileBFloat16(0.5), Float64),
+    tpot_state          AggregateFunction(quantileBFloat16(0.5), Float64),
+    duration_state      AggregateFunction(quantileBFloat16(0.5), Float64)
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(minute)
@@ -130,9 +133,9 @@ SELECT
     sum(toUInt64(ifNull(input_tokens, 0))) AS input_tokens,
     sum(toUInt64(ifNull(cached_input_tokens, 0))) AS cached_input_tokens,
     sum(toUInt64(ifNull(output_tokens, 0))) AS output_tokens,
-    quantileDDStateIf(0.01, 0.5)(ifNull(ttft_s, 0), phase = 'completed' AND ttft_s IS NOT NULL) AS ttft_state,
-    quantileDDStateIf(0.01, 0.5)(ifNull(tpot_s, 0), phase = 'completed' AND tpot_s IS NOT NULL) AS tpot_state,
-    quantileDDStateIf(0.01, 0.5)(ifNull(duration_s, 0), phase = 'completed' AND duration_s IS NOT NULL) AS duration_state
+    quantileBFloat16StateIf(0.5)(ifNull(ttft_s, 0), phase = 'completed' AND ttft_s IS NOT NULL) AS ttft_state,
+    quantileBFloat16StateIf(0.5)(ifNull(tpot_s, 0), phase = 'completed' AND tpot_s IS NOT NULL) AS tpot_state,
+    quantileBFloat16StateIf(0.5)(ifNull(duration_s, 0), phase = 'completed' AND duration_s IS NOT NULL) AS duration_state
 FROM request_events
 WHERE phase IN ('completed', 'failed', 'rejected', 'cancelled')
 GROUP BY pool, priority, minute;
