@@ -34,7 +34,8 @@ from .admission.keyring import active_key
 from .admission.policy import STATES, Decision, changed, config_from, decide
 from .admission.signing import sign
 from .events import PRIORITIES, AdmissionSignal, Event, ReplicaSample, RequestEvent
-from .ingest import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, RecentIds, Record, process_block
+from .ingest import (DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, RecentIds, Record, process_block,
+                     refused_by_store)
 from .load.config import PictureConfigs
 from .load.partial import Partial, PartialBuilder
 from .load.picture import AXES, PoolState
@@ -43,7 +44,7 @@ from .sinks.clickhouse import ClickHouseSink
 from .sinks import positions
 from .sinks.migrations import prepare_store
 from .sinks.readonly import QueryRefused, checked
-from .sinks.store import Store, StoreQueryError, StoreUnavailable, open_store
+from .sinks.store import Store, StoreQueryError, StoreRejected, StoreUnavailable, open_store
 from .topic_reader import open_from_beginning
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,10 @@ class Stage1:
             for block in blocks:
                 landing = time.perf_counter()
                 await self.sink.land(DEAD_LETTER_TABLE, block.dead_letter_rows, block.token(DEAD_LETTER_TABLE))
-                await self.sink.land(block.table, block.rows, block.token(block.table))
+                try:
+                    await self.sink.land(block.table, block.rows, block.token(block.table))
+                except StoreRejected as exc:
+                    await self._land_row_by_row(block, exc)
                 metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - landing)
                 if block.oldest_event_ms:
                     metrics.LANDING_LAG_SECONDS.labels(block.table).observe(
@@ -148,6 +152,26 @@ class Stage1:
 
         self._landing = task = asyncio.ensure_future(land())
         return task
+
+    async def _land_row_by_row(self, block: BlockOutcome, refused: StoreRejected) -> None:
+        """The store refused a block for its data: land its rows one by one, dead-letter the refused ones.
+
+        Deterministic like the block (each row's token extends the block's), so
+        a replay after a crash drops whatever landed already.
+        """
+        log.warning("store refused block %s (%s); landing its rows one by one", block.token(block.table), refused)
+        token = block.token(block.table)
+        for i, row_bytes in enumerate(list(block.rows)):
+            offset = block.sources[i].offset
+            try:
+                await self.sink.land(block.table, [row_bytes], f"{token}#{offset}")
+            except StoreRejected as exc:
+                key, letter, letter_row = refused_by_store(block, i, str(exc), int(time.time() * 1000))
+                await (await self.dead_letter_topic.send(key=key, value=letter))
+                await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
+                metrics.count_dead_letters(block.topic, {"store_rejected": 1})
+                block.rows[i] = b""
+        block.rows = [r for r in block.rows if r]
 
     def _fold(self, cls: type[Event], topic: str, blocks: list[BlockOutcome]) -> None:
         """Accepted events into the partition's partial builder, and the per-batch counters."""

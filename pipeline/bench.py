@@ -4,6 +4,11 @@ Ingest: a topic is filled with N valid events, then read twice — by a raw
 aiokafka consume + orjson decode loop (the floor any Python consumer pays)
 and by one real ``sluice worker`` subprocess, which also validates, lands
 rows in ClickHouse and commits. The ratio is worker ÷ raw.
+
+Landing: the sink's inserts alone (blocks with deduplication tokens into
+``request_events`` and its per-minute view) against plain inserts of the same
+rows into a copy of the table with no view and no deduplication; landing lag
+(event time → queryable) comes from the real-time stage.
 """
 
 from __future__ import annotations
@@ -106,6 +111,41 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
         "store": "server" if run_settings.clickhouse_url else "chdb",
         "bench_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
+    """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store."""
+    from .events import RequestEvent
+    from .ingest import Record, process_block
+    from .sinks.migrations import migrate
+    from .sinks.store import ChdbStore
+
+    requests = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=13,
+                                    start_ms=int(time.time() * 1000)) if e.kind == "request")
+    records = [Record("bench", 0, i, None, e.key.encode(), orjson.dumps(e.event))
+               for i, e in enumerate(islice(requests, rows))]
+    blocks = [process_block(RequestEvent, records[i:i + block_rows], 1 << 20, 0)
+              for i in range(0, len(records), block_rows)]
+    payloads = [(b"\n".join(b.rows), b.token(b.table)) for b in blocks]
+    store = ChdbStore(work_dir / f"landing-{uuid.uuid4().hex[:6]}")
+    try:
+        migrate(store)
+        store.command("CREATE TABLE plain_events AS request_events ENGINE = MergeTree ORDER BY tuple()")
+        started = time.perf_counter()
+        for payload, _ in payloads:
+            store.insert("plain_events", payload)
+        plain_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for payload, token in payloads:
+            store.insert("request_events", payload, token)
+        sink_s = time.perf_counter() - started
+        landed, = store.query("SELECT count() AS n FROM request_events")
+    finally:
+        store.close()
+    return {"rows": len(records), "block_rows": block_rows, "landed_rows": landed["n"],
+            "sink_rows_per_s": round(len(records) / sink_s),
+            "plain_insert_rows_per_s": round(len(records) / plain_s),
+            "sink_vs_plain_ratio": round(plain_s / sink_s, 3)}
 
 
 def _isolated(settings: Settings, work_dir: Path) -> Settings:
@@ -240,6 +280,8 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
             "picture_lag_p50_s": _percentile(lags, 0.5), "picture_lag_p99_s": _percentile(lags, 0.99),
             "decision_latency_p50_s": histogram_quantile(exposition, "sluice_decision_latency_seconds", 0.5),
             "decision_latency_p99_s": histogram_quantile(exposition, "sluice_decision_latency_seconds", 0.99),
+            "landing_lag_p50_s": histogram_quantile(exposition, "sluice_landing_lag_seconds", 0.5),
+            "landing_lag_p99_s": histogram_quantile(exposition, "sluice_landing_lag_seconds", 0.99),
             "worker_rss_mib": round(rss, 1)}
 
 
@@ -253,6 +295,7 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
     figures = {"ingest": bench_ingest(settings, events, work_dir),
+               "landing": bench_landing(events, settings.ingest_batch_max, work_dir),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
                "router_decide": bench_decide()}
     if as_json:

@@ -72,6 +72,7 @@ class BlockOutcome:
     start: int
     end: int
     rows: list[bytes] = field(default_factory=list)
+    sources: list[Record] = field(default_factory=list)  # the record each row came from
     events: list[Event] = field(default_factory=list)
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)
     dead_letter_rows: list[bytes] = field(default_factory=list)
@@ -90,8 +91,12 @@ class BlockOutcome:
 
 
 def event_time_text(ms: int) -> str:
-    """Epoch ms as the exact ``seconds.millis`` text ClickHouse parses into DateTime64(3)."""
-    return f"{ms // 1000}.{ms % 1000:03d}"
+    """Epoch ms as the exact ``seconds.millis`` text ClickHouse parses into DateTime64(3).
+
+    Ten integer digits: a shorter number such as ``5.000`` is read as a date
+    (day.month) and the whole insert fails.
+    """
+    return f"{ms // 1000:010d}.{ms % 1000:03d}"
 
 
 def _position(doc: dict[str, Any], rec: Record, start: int, end: int) -> bytes:
@@ -112,6 +117,14 @@ def row(event: Event, rec: Record, start: int, end: int) -> bytes:
         doc = as_dict(event)
     doc["event_time"] = event_time_text(event.event_time)
     return _position(doc, rec, start, end)
+
+
+def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) -> tuple[bytes, bytes, bytes]:
+    """Row ``index`` of a block, which the store refused, as (dead-letter key, value, table row)."""
+    rec = out.sources[index]
+    key, letter = dead_letter(Rejected("store_rejected", detail[:1024]), rec.value, rec.key, rec.topic,
+                              rec.partition, rec.offset, rec.timestamp_ms, now_ms)
+    return key, letter, dead_letter_row(letter, rec, out.start, out.end)
 
 
 def dead_letter_row(letter: bytes, rec: Record, start: int, end: int) -> bytes:
@@ -144,6 +157,7 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
                 continue
             seen.add(result.event_id)
         out.rows.append(row(result, rec, start, end))
+        out.sources.append(rec)
         out.events.append(result)
         if result.event_time > out.newest_event_ms:
             out.newest_event_ms = result.event_time

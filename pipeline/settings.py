@@ -68,7 +68,7 @@ class Settings:
     query_max_rows: int = field(default=10000, metadata=_doc(
         "Most rows /query and `sluice query` return; longer results are cut and marked truncated.",
         min=1, max=10_000_000))
-    ingest_batch_max: int = field(default=2000, metadata=_doc(
+    ingest_batch_max: int = field(default=5000, metadata=_doc(
         "Most events stage 1 decodes and lands as one batch.", min=1, max=100000))
     ingest_batch_within_s: float = field(default=0.25, metadata=_doc(
         "Longest stage 1 waits to fill a batch, seconds.", min=0.001, max=60))

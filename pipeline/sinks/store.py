@@ -8,6 +8,7 @@ when ``clickhouse_url`` is set. The same ``sql/`` files run on both.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,21 @@ JSON_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
 
 class StoreUnavailable(RuntimeError):
     """The store refused or could not be reached; the caller holds its rows and retries."""
+
+
+class StoreRejected(ValueError):
+    """The store refused the rows themselves (a value it cannot parse or hold): retrying cannot help."""
+
+
+DATA_ERRORS = re.compile(r"\b(CANNOT_PARSE\w*|CANNOT_READ\w*|TYPE_MISMATCH|INCORRECT_DATA|INCORRECT_JSON|"
+                         r"VALUE_IS_OUT_OF_RANGE\w*|CANNOT_INSERT_NULL\w*|TOO_LARGE_STRING_SIZE|"
+                         r"ATTEMPT_TO_READ_AFTER_EOF|DECIMAL_OVERFLOW)\b")
+
+
+def insert_error(exc: Exception) -> Exception:
+    """A refused insert: ``StoreRejected`` when the data is at fault, else ``StoreUnavailable`` (retry)."""
+    message = str(exc)
+    return StoreRejected(message[:1024]) if DATA_ERRORS.search(message) else StoreUnavailable(message)
 
 
 class StoreQueryError(ValueError):
@@ -80,7 +96,10 @@ class ChdbStore:
 
     def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
         settings = f" SETTINGS insert_deduplication_token='{_quote(dedup_token)}'" if dedup_token else ""
-        self._run(f"INSERT INTO {table}{settings} FORMAT JSONEachRow\n" + rows.decode())
+        try:
+            self._run(f"INSERT INTO {table}{settings} FORMAT JSONEachRow\n" + rows.decode())
+        except StoreUnavailable as exc:
+            raise insert_error(exc) from None
 
     def query(self, sql: str) -> list[dict[str, Any]]:
         result = self._run(sql, "JSONEachRow")
@@ -145,7 +164,7 @@ class ServerStore:
             try:
                 self._client.raw_insert(table, insert_block=rows, settings=settings, fmt="JSONEachRow")
             except Exception as exc:
-                raise StoreUnavailable(str(exc)) from exc
+                raise insert_error(exc) from exc
 
     def query(self, sql: str) -> list[dict[str, Any]]:
         with self._lock:

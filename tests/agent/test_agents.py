@@ -171,3 +171,29 @@ def test_store_health_follows_the_store(app):
     assert asyncio.run(app.stage1.check_store()) is True
     app.stage1.store = DeadStore()
     assert asyncio.run(app.stage1.check_store()) is False and app.stage1.store_ok is False
+
+
+def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_land(app):
+    from pipeline.sinks.store import StoreRejected
+
+    class PickySink(MemorySink):
+        async def land(self, table, rows, dedup_token):
+            if table == "request_events" and any(b'"tenant":"poison"' in r for r in rows):
+                raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
+            await super().land(table, rows, dedup_token)
+
+    app.stage1.sink = PickySink()
+    events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1", tenant="poison" if i == 2 else "acme")
+              for i in range(4)]
+    batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
+
+    async def scenario():
+        return await (await app.stage1.handle(RequestEvent, batch))
+
+    assert asyncio.run(scenario()) == {("raw", 0): 4}, "the whole block is accounted for and committable"
+    landed = [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["request_events"]]
+    assert landed == [e["event_id"] for i, e in enumerate(events) if i != 2]
+    (key, value), = app.stage1.dead_letter_topic.sent
+    letter = orjson.loads(value)
+    assert letter["reason"] == "store_rejected" and key == b"raw/0/2"
+    assert orjson.loads(app.stage1.sink.rows["dead_letters"][0])["source_offset"] == 2

@@ -13,7 +13,7 @@ from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from pipeline.worker_process import worker_env
 from tests.conftest import run, wait_for
-from tests.cost_reference import HOUR_MS, cost_per_successful_task, quantile_bounds
+from tests.cost_reference import cost_per_successful_task, quantile_bounds
 from tests.integration.test_query import sluice_query
 
 pytestmark = pytest.mark.integration

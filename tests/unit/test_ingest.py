@@ -88,3 +88,4 @@ def test_cursor_replay_is_independent_of_how_kafka_batches_the_records(sizes):
 def test_event_time_text_is_exact_milliseconds():
     assert event_time_text(1_700_158_546_680) == "1700158546.680"
     assert event_time_text(1_700_158_546_005) == "1700158546.005"
+    assert event_time_text(5_123) == "0000000005.123" and event_time_text(0) == "0000000000.000"

@@ -1,0 +1,101 @@
+"""Landing guarantees that live in the store itself (embedded chdb, the same SQL as a server)."""
+
+import orjson
+import pytest
+
+from pipeline.events import RequestEvent
+from pipeline.ingest import Record, process_block
+from pipeline.sinks import positions
+from pipeline.sinks.migrations import apply_retention, migrate, sync_reference
+from pipeline.sinks.store import ChdbStore
+from pipeline.sim.specimens import request_event
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = ChdbStore(tmp_path / "chdb")
+    migrate(store)
+    yield store
+    store.close()
+
+
+def block(start, n, partition=0, topic="raw", **fields):
+    events = [request_event(task_id=f"task-{start + i}", request_id=f"task-{start + i}-r1", **fields) for i in range(n)]
+    records = [Record(topic, partition, start + i, None, e["task_id"].encode(), orjson.dumps(e))
+               for i, e in enumerate(events)]
+    return process_block(RequestEvent, records, 1 << 20, 0)
+
+
+def land(store, out):
+    """As the sink does: the block's dead letters, then its rows, each with the block's token."""
+    for table, rows in (("dead_letters", out.dead_letter_rows), (out.table, out.rows)):
+        if rows:
+            store.insert(table, b"\n".join(rows), out.token(table))
+
+
+def counts(store):
+    rows, = store.query("SELECT count() AS n FROM request_events")
+    minute, = store.query("SELECT sum(requests) AS n FROM pool_minute")
+    return rows["n"], minute["n"]
+
+
+def test_a_resent_block_is_dropped_by_the_table_and_by_the_materialized_view(store):
+    first = block(0, 5, phase="completed")
+    land(store, first)
+    land(store, first)
+    assert counts(store) == (5, 5)
+
+
+def test_the_last_landed_block_and_recent_ids_are_found_per_topic_and_partition(store):
+    a, b, other = block(0, 3), block(3, 4), block(0, 2, partition=1)
+    for out in (a, b, other):
+        land(store, out)
+    assert positions.last_block(store, "request_events", "raw", 0, since=0) == (3, 6)
+    assert positions.last_block(store, "request_events", "raw", 0, since=7) is None
+    assert positions.last_block(store, "request_events", "other-topic", 0, since=0) is None
+    ids = positions.recent_ids(store, "request_events", "raw", 0, before=3, limit=10)
+    assert ids == [orjson.loads(r)["event_id"] for r in a.rows]
+    assert len(positions.recent_ids(store, "request_events", "raw", 0, before=99, limit=2)) == 2
+
+
+def test_a_block_of_only_dead_letters_is_found_too(store):
+    bad = process_block(RequestEvent, [Record("raw", 0, 9, None, b"k", b"{nope")], 1 << 20, 0)
+    land(store, bad)
+    assert positions.last_block(store, "request_events", "raw", 0, since=0) == (9, 9)
+
+
+def test_retention_follows_the_setting_and_is_idempotent(store):
+    assert "request_events" in apply_retention(store, 7)
+    assert apply_retention(store, 7) == []
+    ttl, = store.query("SELECT create_table_query AS q FROM system.tables WHERE name = 'request_events'")
+    assert "toIntervalDay(7)" in ttl["q"]
+    assert set(apply_retention(store, 0)) >= {"request_events", "pool_minute"}
+    assert apply_retention(store, 0) == []
+
+
+def test_reference_data_mirrors_the_settings(store):
+    sync_reference(store, {"H100-80GB": 4.0}, {"replica_stale_after_s": 15})
+    sync_reference(store, {"H100-80GB": 3.5}, {"replica_stale_after_s": 20})
+    assert store.query("SELECT hardware, usd_per_gpu_hour FROM gpu_prices FINAL") == [
+        {"hardware": "H100-80GB", "usd_per_gpu_hour": 3.5}]
+    assert store.query("SELECT value FROM sluice_config FINAL WHERE name = 'replica_stale_after_s'") == [{"value": 20}]
+
+
+def test_rows_the_store_cannot_hold_are_refused_as_data_not_as_an_outage(store):
+    from pipeline.sinks.store import StoreRejected
+
+    with pytest.raises(StoreRejected):
+        store.insert("request_events", b'{"event_id": "not-a-uuid", "event_time": "0000000001.000"}', "t1")
+
+
+def test_every_example_query_in_the_storage_docs_runs_read_only(store):
+    import re
+    from pathlib import Path
+
+    from pipeline.sinks.readonly import checked
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "storage.md"
+    examples = re.findall(r"```sql\n(.*?)```", docs.read_text(), flags=re.S)
+    assert len(examples) >= 5
+    for sql in examples:
+        store.read_only(checked(sql, 100))
