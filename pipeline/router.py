@@ -48,6 +48,7 @@ class Request:
     continuing: bool = False   # a later step of a task already under way
     retry: bool = False        # attempt > 1
     slo_ttft_s: float | None = None
+    after_shed: bool = False   # this retry follows a rejection by admission, honouring its retry-after
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,11 @@ class Decider:
             signal = None  # expired beyond the fail-static grace: fall back
         if signal is None:
             return self._throttle(now)
-        self.attempts.add(now, 1, 1 if request.retry else 0)
-        if request.retry:
+        # the retry budget is for the cascade (retries after timeouts and failures); a retry that answers
+        # our own shedding is judged by the admit fraction like any request, or shed work could never return
+        budgeted = request.retry and not request.after_shed
+        self.attempts.add(now, 1, 1 if budgeted else 0)
+        if budgeted:
             attempts, retries = self.attempts.totals(now)
             if retries > signal["retry_budget"] * attempts:
                 return Reject(1.0, "retry_budget")

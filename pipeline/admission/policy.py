@@ -9,10 +9,23 @@ only after ``dwell_s`` in it (escalation is immediate: overload does not wait).
 over the classes in shedding order deferrable → sheddable → standard →
 critical: class i admits ``clamp(1 − (L − i), 0, 1)``. So a class starts
 shedding only once every class before it admits nothing, and critical is
-never shed while a lower class is still admitted. L integrates pressure
-above ``target_pressure`` (at most ``max_step_up`` per tick) and recovers by
-``step_down`` per tick once pressure is below ``recover_pressure`` — no cliffs
-either way. Tasks already under way shed ``continuing_credit`` levels later.
+never shed while a lower class is still admitted. L has two parts:
+
+- a **feed-forward** level: the smallest L at which the offered new work
+  (first attempts per class, from the demand axis) fits
+  ``feed_forward_utilisation`` × the pool's admitted capacity — so a spike
+  is met within one window, not after an integrator has wound up;
+- a **proportional** part, ``proportional`` × (pressure − ``target_pressure``)
+  while pressure is above target: immediate, and gone when pressure falls;
+- a **trim** that integrates the admission pressure above
+  ``target_pressure`` (at most ``max_step_up`` per tick) and gives back
+  ``step_down`` per tick below ``recover_pressure`` — slowly, for what
+  capacity figures miss (a KV cache that binds first, a slower replica).
+  The pictures it reads average over ``fast_window_s``; a faster trim
+  overshoots that lag and oscillates (measured in the fleet simulator).
+
+The level itself moves at most ``level_step_up`` / ``level_step_down`` per
+tick. Tasks already under way shed ``continuing_credit`` levels later.
 
 A **stale** picture (no new event for ``stale_after_s``) keeps the last
 decision for ``stale_hold_s`` (fail-static), then relaxes L toward zero in
@@ -25,6 +38,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ..events import PRIORITIES
+from ..load.picture import pressure
 
 SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
 STATES = ("ok", "pressured", "overloaded", "critical")
@@ -37,9 +51,15 @@ class AdmissionConfig:
     dwell_s: float = 5.0
     target_pressure: float = 1.0
     recover_pressure: float = 0.9
-    gain: float = 0.5             # shed-level increase per unit of pressure above target, per tick
-    max_step_up: float = 0.5      # per tick
+    gain: float = 0.05            # trim increase per unit of pressure above target, per tick
+    max_step_up: float = 0.05     # per tick
     step_down: float = 0.05       # per tick
+    feed_forward: bool = True     # shed the offered excess at once (see the module docstring)
+    feed_forward_utilisation: float = 0.85  # share of admitted capacity the feed-forward fills (headroom for bursts)
+    proportional: float = 1.0     # shed levels per unit of pressure above target, at once (no memory)
+    level_step_up: float = 0.5    # the shed level moves at most this much per tick up ...
+    level_step_down: float = 0.1  # ... and this much down: bounded steps, no cliffs either way
+    defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
     retry_budget: float = 0.1
@@ -49,9 +69,13 @@ class AdmissionConfig:
     max_redirects: int = 3
     redirect_headroom_below: float = 0.8  # a sibling with pressure under this may take work
     reason_threshold: float = 0.8         # axes at or over this pressure are named in reasons
-    # Axes that drive admission. Cost is left out by default: shedding lowers successful tasks,
-    # so it cannot lower cost per successful task; cost is still reported in the signal's axes.
-    axes: tuple[str, ...] = ("demand", "queue", "kv_cache", "compute", "latency", "errors")
+    # Axes that drive admission; the others are still reported in every signal. Left out by default:
+    # cost — shedding lowers successful tasks, so it cannot lower cost per successful task; errors — a
+    # failure rate is the backend's (a replica dying fails what it held), shedding does not lower it, and
+    # the picture cannot tell a retry that answers a failure from one that answers our own shedding, so
+    # driving on it sheds critical work after every crash and then oscillates. Errors tighten the routers'
+    # retry budget instead, and the cascade alert watches them.
+    axes: tuple[str, ...] = ("demand", "queue", "kv_cache", "compute", "latency")
 
 
 def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
@@ -79,6 +103,7 @@ class Decision:
     state: str = "ok"
     state_since_ms: int = 0
     shed_level: float = 0.0
+    trim: float = 0.0       # the integrating part of the shed level
     seq: int = 0
     last_fresh_ms: int = 0  # wall time the picture last advanced
     watermark_ms: int = 0
@@ -111,7 +136,41 @@ def _state_for(pressure: float, previous: str, since_ms: int, now_ms: int, cfg: 
 
 
 def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
-    return max(float(picture["axes"][name]["pressure"]) for name in cfg.axes)
+    """The largest pressure among the driving axes, with demand read at the *admitted* rate.
+
+    The demand axis reports offered load (every arrival, retries included);
+    shedding cannot lower that, so an integrating policy driven by it would
+    shed ever more while the fleet sits idle. What admission controls is
+    the admitted rate, so that is what it is judged on.
+    """
+    out = 0.0
+    for name in cfg.axes:
+        axis = picture["axes"][name]
+        value = float(axis["pressure"])
+        if name == "demand":
+            admitted = (axis.get("detail") or {}).get("admitted_rps")
+            if admitted is not None:
+                value = pressure(admitted, axis["limit"])
+        out = max(out, value)
+    return out
+
+
+def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
+    """The smallest shed level at which the offered first attempts fit the admitted capacity."""
+    demand = picture["axes"]["demand"]
+    offered = (demand.get("detail") or {}).get("first_attempts_rps")
+    if not offered:
+        return 0.0
+    top = len(SHED_ORDER) - cfg.critical_floor
+    budget = cfg.feed_forward_utilisation * float(demand["limit"])
+    rates = [float(offered.get(name, 0.0)) for name in SHED_ORDER]
+    if sum(rates) <= budget:
+        return 0.0
+    for i, rate in enumerate(rates):
+        rest = sum(rates[i + 1:])
+        if rest <= budget:
+            return min(top, i + 1.0 - (budget - rest) / rate)
+    return top
 
 
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
@@ -152,6 +211,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         level = previous.shed_level
         if now_ms - stale_since > cfg.stale_hold_s * 1000:
             level = max(0.0, level - cfg.step_down)
+        trim = level
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
@@ -160,12 +220,17 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         prior = "ok" if previous.state == "stale" else previous.state
         state = _state_for(pressure, prior, previous.state_since_ms, now_ms, cfg)
         since = previous.state_since_ms if state == previous.state else now_ms
-        level = previous.shed_level
+        top = len(SHED_ORDER) - cfg.critical_floor
+        trim = previous.trim
         if pressure > cfg.target_pressure:
-            level += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
+            trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
         elif pressure < cfg.recover_pressure:
-            level -= cfg.step_down
-        level = min(max(level, 0.0), len(SHED_ORDER) - cfg.critical_floor)
+            trim -= cfg.step_down
+        forward = feed_forward_level(picture, cfg) if cfg.feed_forward else 0.0
+        trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
+        now_term = cfg.proportional * max(0.0, pressure - cfg.target_pressure)
+        level = min(max(forward + trim + now_term, 0.0), top)
+        level = min(max(level, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
 
     admit = class_fractions(level, cfg.critical_floor)
     continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
@@ -179,6 +244,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     retry_budget = cfg.retry_budget * min(1.0, max(0.1, 1.0 - (errors_pressure - 0.5) / 1.5))
     drain = queue.get("drain_rps") or 0.0
     retry_after = min(300.0, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
+    defer_after = max(cfg.defer_min_s, retry_after)
     deferred = [c for c in ("deferrable",) if admit[c] < 1.0]
 
     seq = max(previous.seq + 1, now_ms)  # monotonic per pool, across controller restarts too
@@ -196,11 +262,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         "max_predicted_wait_s": round(min(predicted_wait, 86400.0), 6),
         "retry_budget": round(retry_budget, 6),
         "redirect": _redirects(picture, siblings, cfg) if level > 0 and not stale else [],
-        "defer": {"classes": deferred, "retry_after_s": round(retry_after, 3)},
+        "defer": {"classes": deferred, "retry_after_s": round(defer_after, 3)},
         "reasons": reasons[:32],
     }
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
-                    seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
+                    trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, signal=signal)
 

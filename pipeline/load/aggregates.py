@@ -22,6 +22,8 @@ REQUEST_COUNTS = (
     "task_failures",     # a terminal, task_final attempt that did not complete
     "input_tokens", "output_tokens", "cached_input_tokens",   # from completed and failed attempts
     "ttft_slo_misses",   # completed attempts whose TTFT exceeded their SLO
+    # first attempts per priority class: the offered new work the policy's feed-forward sheds against
+    "first_critical", "first_standard", "first_sheddable", "first_deferrable",
 )
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
@@ -50,6 +52,7 @@ class RequestAgg:
             c["received"] += 1
             if e.attempt == 1:
                 c["first_attempts"] += 1
+                c["first_" + e.priority] += 1
             else:
                 c["retries"] += 1
         elif phase == "first_token":

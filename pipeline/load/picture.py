@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from .. import cost
 from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
 from .partial import Partial
+from ..events import PRIORITIES
 from .profiles import Profile
 from .sketch import QuantileSketch
 
@@ -161,6 +162,10 @@ class PoolState:
         capacity_rps = p.capacity_rps_per_replica * n_fresh
         demand = {"value": arrival_rps, "limit": capacity_rps, "unit": "req/s",
                   "detail": {"admitted_rps": c["admitted"] / fast,
+                             # a deferred request asks again with the same attempt number: net it out
+                             "first_attempts_rps": {k: max(0, c["first_" + k] - (c["deferred"] if k == "deferrable"
+                                                                                 else 0)) / fast
+                                                    for k in PRIORITIES},
                              "input_tokens_per_s": c["input_tokens"] / fast,
                              "output_tokens_per_s": c["output_tokens"] / fast}}
 
@@ -174,7 +179,13 @@ class PoolState:
                  "detail": {"requests_waiting": waiting, "drain_rps": drain_rps, "predicted_wait_s": predicted_wait,
                             "queue_p95_s": queue_p95}}
 
-        usages = [self.replicas[r].latest.kv_cache_usage for r in fresh + unhealthy] + [1.0] * len(stale)
+        # a replica that just went quiet may still be serving: its cache counts as full; one silent for
+        # twice the threshold is presumed gone, and only its capacity is missed (a dead replica would
+        # otherwise hold the KV axis up until it is forgotten)
+        gone_before = self.watermark_ms - 2 * config.stale_after_s * 1000
+        quiet = [r for r in stale if self.replicas[r].latest is not None
+                 and self.replicas[r].latest.event_time >= gone_before]
+        usages = [self.replicas[r].latest.kv_cache_usage for r in fresh + unhealthy] + [1.0] * len(quiet)
         kv_usage = sum(usages) / len(usages) if usages else None
         preempt_rate = sum(sums[r]["preemptions"] for r in sums) / fast / max(n_fresh, 1)
         kv = {"value": kv_usage, "limit": p.kv_limit, "unit": "fraction",
@@ -200,7 +211,10 @@ class PoolState:
 
         finished = c["completed"] + c["failed"]
         failure_rate = c["failed"] / finished if finished else None
-        amplification = c["received"] / c["first_attempts"] if c["first_attempts"] else None
+        # retries that answer our own rejections are not the cascade: counting them would make shedding
+        # raise the errors axis, which sheds more (a loop that never lets go)
+        failure_retries = max(0, c["retries"] - c["rejected"])
+        amplification = 1 + failure_retries / c["first_attempts"] if c["first_attempts"] else None
         error_pressure = max(pressure(failure_rate, p.error_budget),
                              pressure((amplification or 1.0) - 1.0, p.retry_budget))
         errors = {"value": failure_rate, "limit": p.error_budget, "unit": "fraction",

@@ -18,7 +18,7 @@ from pipeline.topics import ensure_topics
 pytestmark = pytest.mark.integration
 
 KEYS = {"test": "closed-loop-test-secret-0123"}
-POLICY = {"step_down": 0.15}
+POLICY = {"step_down": 0.15, "level_step_down": 0.15}
 
 
 def sample(replica, now_ms, overloaded, preemptions):
@@ -86,7 +86,7 @@ def test_overload_sheds_in_order_within_2s_and_recovers(loop_settings, worker_fa
             phase["overloaded"] = False
             calm_at = time.monotonic()
             levels = len(SHED_ORDER) - config.critical_floor
-            bound = s.fast_window_s + math.ceil(levels / config.step_down) * s.tick_s + 2.0
+            bound = s.fast_window_s + math.ceil(levels / min(config.step_down, config.level_step_down)) * s.tick_s + 2.0
             recovered_at = await until(lambda: router.book.signals["hot"]["admit_fraction"]["deferrable"] == 1.0,
                                        bound + 10)
         finally:

@@ -65,7 +65,7 @@ def test_bounded_steps_no_cliffs_and_gradual_recovery():
     levels = [d.shed_level for d in decisions]
     ups = [b - a for a, b in zip(levels, levels[1:]) if b > a]
     downs = [a - b for a, b in zip(levels, levels[1:]) if b < a]
-    assert max(ups) <= CFG.max_step_up + 1e-9 and max(downs) <= CFG.step_down + 1e-9
+    assert max(ups) <= CFG.level_step_up + 1e-9 and max(downs) <= CFG.level_step_down + 1e-9
     assert levels[-1] == 0.0 and decisions[-1].signal["admit_fraction"]["deferrable"] == 1.0
 
 
@@ -108,9 +108,10 @@ def test_stale_picture_holds_then_relaxes():
     stale = [h for h in history if h.state == "stale"]
     assert stale, "goes stale"
     first_stale_ms = stale[0].signal["issued_at"]
+    before = history[history.index(stale[0]) - 1]
     held = [h for h in stale if h.signal["issued_at"] - first_stale_ms <= CFG.stale_hold_s * 1000]
-    assert all(h.shed_level == loaded.shed_level for h in held), "fail-static while holding"
-    assert history[-1].shed_level < loaded.shed_level, "then relaxes toward admitting all"
+    assert all(h.shed_level == before.shed_level for h in held), "fail-static while holding"
+    assert history[-1].shed_level < before.shed_level, "then relaxes toward admitting all"
     assert history[-1].signal["reasons"][0]["axis"] == "staleness"
 
 
@@ -123,7 +124,9 @@ def test_retry_budget_tightens_as_errors_rise():
 def test_defer_and_early_rejection_figures():
     d = decide(picture(watermark=TICK, waiting=40, drain=8.0, queue=2.0), Decision("p"), CFG, TICK)
     assert d.signal["max_predicted_wait_s"] == pytest.approx(5.0)
-    assert d.signal["defer"] == {"classes": ["deferrable"], "retry_after_s": 5.0}
+    assert d.signal["defer"] == {"classes": ["deferrable"], "retry_after_s": CFG.defer_min_s}
+    slow = decide(picture(watermark=TICK, waiting=400, drain=8.0, queue=2.0), Decision("p"), CFG, TICK)
+    assert slow.signal["defer"]["retry_after_s"] == pytest.approx(50.0), "the queue's drain time when longer"
 
 
 def test_redirects_go_to_siblings_with_headroom_weighted_by_it():
@@ -145,3 +148,52 @@ def test_seq_is_monotonic_across_a_controller_restart():
 def test_class_fractions_floor():
     assert class_fractions(10, 0.25) == {"deferrable": 0.0, "sheddable": 0.0, "standard": 0.0, "critical": 0.25}
     assert class_fractions(0.5, 0.25)["deferrable"] == 0.5
+
+
+def offered(critical=0.0, standard=0.0, sheddable=0.0, deferrable=0.0, limit=10.0, admitted=None):
+    p = picture(watermark=TICK)
+    total = critical + standard + sheddable + deferrable
+    p["axes"]["demand"].update(limit=limit, pressure=total / limit)
+    p["axes"]["demand"]["detail"] = {"admitted_rps": total if admitted is None else admitted,
+                                     "input_tokens_per_s": 1000.0,
+                                     "first_attempts_rps": {"critical": critical, "standard": standard,
+                                                            "sheddable": sheddable, "deferrable": deferrable}}
+    return p
+
+
+def test_feed_forward_sheds_the_offered_excess_in_class_order():
+    from pipeline.admission.policy import feed_forward_level
+
+    budget = CFG.feed_forward_utilisation * 10.0
+    assert feed_forward_level(offered(critical=1, standard=5), CFG) == 0.0
+    # deferrable alone over budget by 2 of its 4: admit half of it
+    assert feed_forward_level(offered(critical=1, standard=budget - 3, deferrable=4), CFG) == pytest.approx(0.5)
+    # all of deferrable and sheddable, and a quarter of standard
+    level = feed_forward_level(offered(critical=1, standard=4 * (budget - 1) / 3, sheddable=3, deferrable=3), CFG)
+    assert level == pytest.approx(2.25)
+    assert feed_forward_level(offered(critical=50), CFG) == 4 - CFG.critical_floor
+
+
+def test_a_spike_is_met_within_bounded_steps_without_waiting_for_an_integrator():
+    d, levels = Decision("p"), []
+    for i in range(1, 12):
+        d = decide({**offered(critical=2, standard=10, sheddable=5, deferrable=3, admitted=9.5),
+                    "watermark_ms": i * TICK}, d, CFG, i * TICK)
+        levels.append(d.shed_level)
+    assert all(b - a <= CFG.level_step_up + 1e-9 for a, b in zip([0.0] + levels, levels))
+    assert levels[-1] >= 2.0 and d.signal["admit_fraction"]["sheddable"] == 0.0
+    assert d.signal["admit_fraction"]["critical"] == 1.0
+
+
+def test_demand_is_judged_at_the_admitted_rate_so_shedding_can_relieve_it():
+    from pipeline.admission.policy import admission_pressure
+
+    flooded = offered(standard=30, admitted=8.0)   # offered 3× capacity, admitted 0.8×
+    assert flooded["axes"]["demand"]["pressure"] == pytest.approx(3.0)
+    assert admission_pressure(flooded, CFG) == pytest.approx(0.8)
+
+
+def test_errors_are_reported_and_tighten_the_retry_budget_but_do_not_shed():
+    (d,) = run([{"errors": 5.0}])
+    assert d.shed_level == 0.0 and d.signal["axes"]["errors"] == 5.0
+    assert d.signal["retry_budget"] < CFG.retry_budget

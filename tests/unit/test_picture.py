@@ -20,6 +20,8 @@ By hand:
   pool     1.667, bound by errors
 """
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline.events import ReplicaSample, RequestEvent
@@ -242,3 +244,33 @@ def test_idle_cost_window_is_not_judged_but_failing_traffic_is_unbounded():
         idle.merge(partial, CONFIG)
     failing = idle.snapshot(CONFIG)["axes"]["cost"]
     assert failing["pressure"] == 10.0 and failing["value"] is None
+
+
+def test_retries_that_answer_our_own_rejections_are_not_amplification():
+    builder = PartialBuilder("raw/0", 15)
+    for second in range(100, 110):
+        for i in range(10):
+            builder.fold_request(req(second, "received"))
+        for i in range(5):
+            builder.fold_request(req(second, "rejected", final=False))
+            builder.fold_request(req(second, "received", attempt=2))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    errors = state.snapshot(CONFIG)["axes"]["errors"]
+    assert errors["detail"]["retry_amplification"] == pytest.approx(1.0)
+
+
+def test_a_replica_silent_for_twice_the_threshold_leaves_the_kv_mean():
+    builder = PartialBuilder("raw/0", 15)
+    for second in range(60, 110):
+        builder.fold_sample(sample("r1", second, 0, 0.4, 0))
+    builder.fold_sample(sample("dead", 95, 0, 0.4, 0))      # silent 14 s > 2 × 5 s: presumed gone
+    builder.fold_sample(sample("quiet", 103, 0, 0.4, 0))    # silent 6 s: stale, maybe still serving
+    config = replace(CONFIG, stale_after_s=5)
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, config)
+    snap = state.snapshot(config)
+    assert snap["replicas"]["stale"] == 2
+    assert snap["axes"]["kv_cache"]["value"] == pytest.approx((0.4 + 1.0) / 2)

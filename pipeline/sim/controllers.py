@@ -1,0 +1,128 @@
+"""Who decides admission in a simulated run: nobody, a fixed threshold, or Sluice.
+
+Sluice in-process is the real pure core — stage 1's partial fold, stage 2's
+pool picture, the admission policy, signing — and the routers' real
+``Decider`` verifying the signed signal, called each tick without Kafka. The
+same simulator drives the real pipeline through ``pipeline.sim.live``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import TYPE_CHECKING
+
+from ..admission.policy import Decision, config_from, decide
+from ..admission.signing import sign
+from ..events import ReplicaSample, RequestEvent
+from ..load.config import PictureConfigs
+from ..load.partial import PartialBuilder
+from ..load.picture import PoolState
+from ..router import ADMIT, Decider, Reject, Request, SignalBook, Verdict
+from ..settings import Settings
+
+if TYPE_CHECKING:
+    from .fleet import FleetSim
+
+SIM_KEY_ID, SIM_SECRET = "sim", b"simulator-signing-key-not-secret"
+
+
+class NoControl:
+    """Every request is admitted: what a fleet without admission control does."""
+
+    name = "no control"
+    wants_events = False
+    state_changes = 0
+
+    def verdict(self, request: Request, now_s: float) -> Verdict:
+        return ADMIT
+
+    def record(self, accepted: bool, now_s: float) -> None:
+        pass
+
+    def observe(self, kind: str, event: dict) -> None:
+        pass
+
+    def tick(self, fleet: "FleetSim", now_s: float) -> None:
+        pass
+
+
+class FixedThreshold(NoControl):
+    """The Gateway API Inference Extension's default: sheddable work is rejected while any replica has
+    more than ``queue`` requests waiting or KV usage above ``kv`` (read from the replicas each scrape);
+    deferrable counts as sheddable there."""
+
+    name = "fixed threshold"
+
+    def __init__(self, queue: int = 5, kv: float = 0.8, scrape_s: float = 1.0) -> None:
+        self.queue, self.kv, self.scrape_s = queue, kv, scrape_s
+        self.saturated = False
+        self._next_scrape = 0.0
+
+    def verdict(self, request: Request, now_s: float) -> Verdict:
+        if self.saturated and request.priority in ("sheddable", "deferrable"):
+            return Reject(1.0, "saturated")
+        return ADMIT
+
+    def tick(self, fleet: "FleetSim", now_s: float) -> None:
+        if now_s < self._next_scrape:
+            return
+        self._next_scrape = now_s + self.scrape_s
+        saturated = any(r.waiting_count > self.queue or r.kv_usage() > self.kv for r in fleet.replicas if r.alive)
+        self.state_changes += saturated != self.saturated
+        self.saturated = saturated
+
+
+class SluiceInProcess(NoControl):
+    """The load picture, the policy and the router's ``Decider``, each tick, without Kafka."""
+
+    name = "sluice"
+    wants_events = True
+
+    def __init__(self, settings: Settings, pool: str, start_ms: int, seed: int = 1) -> None:
+        self.pool = pool
+        self.start_ms = start_ms
+        self.picture_config = PictureConfigs(settings).for_pool(pool)
+        self.policy = config_from(settings.admission_policy)
+        self.builder = PartialBuilder("sim/0", settings.replica_stale_after_s)
+        self.state = PoolState(pool)
+        self.decision = Decision(pool)
+        self.book = SignalBook({SIM_KEY_ID: SIM_SECRET})
+        self.now_s = 0.0
+        self.decider = Decider(self.book, seed=seed, clock=lambda: self.start_ms / 1000 + self.now_s)
+        self._ids = random.Random(seed + 7)
+        self._tick = 0
+        self.state_changes = 0
+        self.history: list[tuple[float, str, dict]] = []   # (time, state, admit fractions)
+
+    def verdict(self, request: Request, now_s: float) -> Verdict:
+        self.now_s = now_s
+        return self.decider.decide(request)
+
+    def record(self, accepted: bool, now_s: float) -> None:
+        self.now_s = now_s
+        self.decider.record(accepted)
+
+    def observe(self, kind: str, event: dict) -> None:
+        if kind == "request":
+            self.builder.fold_request(RequestEvent(**event))
+        else:
+            self.builder.fold_sample(ReplicaSample(**event))
+
+    def tick(self, fleet: "FleetSim", now_s: float) -> None:
+        self.now_s = now_s
+        self._tick += 1
+        for partial in self.builder.drain(self._tick):
+            self.state.merge(partial, self.picture_config)
+        if not self.state.watermark_ms:
+            return
+        now_ms = self.start_ms + int(now_s * 1000)
+        picture = self.state.snapshot(self.picture_config)
+        previous = self.decision
+        self.decision = decide(picture, previous, self.policy, now_ms)
+        if previous.signal and previous.state != self.decision.state:
+            self.state_changes += 1
+        signal = {"event_id": str(uuid.UUID(int=self._ids.getrandbits(128), version=4)), "event_time": now_ms,
+                  **self.decision.signal}
+        self.book.offer(sign(signal, SIM_KEY_ID, SIM_SECRET))
+        self.history.append((now_s, self.decision.state, self.decision.signal["admit_fraction"]))

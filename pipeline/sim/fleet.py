@@ -1,0 +1,475 @@
+"""The fleet simulator: a discrete-event model of one model pool under a controller.
+
+Seeded and deterministic. Tasks arrive (``arrivals``), each is one to four
+steps (an agent's requests); every step's attempt goes through the
+controller's router verdict (admit, reject, defer), then to a replica picked
+by load (continuing steps stay on their warm replica); replicas batch
+continuously and preempt under KV pressure (``replica``). Clients give up on
+a first token that takes longer than their timeout and retry with
+exponential backoff and jitter up to ``max_attempts``; a replica can fail
+(its work is lost) and come back cold.
+
+The simulator emits the RequestEvents and ReplicaSamples a real router and
+GPU agent would — as dicts in the contract's shape — to ``emit``; the
+controller sees the fleet only through them (and through its own signals),
+exactly like the real pipeline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+from ..router import Admit, Defer, Redirect, Reject, Request, Verdict
+from .arrivals import Arrival
+from .replay import PRIORITY_MIX, TENANTS
+from .replica import Hardware, Replica, Sequence
+
+TERMINAL_OUTCOMES = ("completed", "failed", "rejected", "deferred")
+STEP_WEIGHTS = (1, 1, 1, 2, 2, 3, 4)   # steps per task, drawn uniformly from this list
+MAX_CONTEXT = 16_384
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """How clients behave: timeouts, retries, SLOs, think time between steps."""
+
+    ttft_timeout_s: float = 10.0           # interactive clients give up on a first token this late
+    deferrable_timeout_s: float = 180.0
+    max_attempts: int = 3
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 20.0
+    think_time_s: float = 1.0
+    slo_ttft_s: tuple[tuple[str, float], ...] = (("critical", 2.0), ("standard", 2.0), ("sheddable", 2.0),
+                                                  ("deferrable", 120.0))
+
+    def slo(self, priority: str) -> float:
+        return dict(self.slo_ttft_s)[priority]
+
+    def timeout(self, priority: str) -> float:
+        return self.deferrable_timeout_s if priority == "deferrable" else self.ttft_timeout_s
+
+
+@dataclass(frozen=True)
+class FleetEvent:
+    """Replicas lost (``count`` of them) at ``at_s``, back cold at ``back_s`` (None: never)."""
+
+    at_s: float
+    count: int
+    back_s: float | None = None
+
+
+class Controller(Protocol):
+    name: str
+
+    def verdict(self, request: Request, now_s: float) -> Verdict: ...
+
+    def record(self, accepted: bool, now_s: float) -> None: ...
+
+    def observe(self, kind: str, event: dict) -> None: ...
+
+    def tick(self, fleet: "FleetSim", now_s: float) -> None: ...
+
+
+@dataclass
+class Task:
+    id: str
+    priority: str
+    tenant: str
+    arrived_s: float
+    steps: list[tuple[int, int]]           # (new input tokens, output tokens) per step
+    step: int = 0
+    attempt: int = 0                       # attempts of the current step
+    deferrals: int = 0
+    context: int = 0                       # prompt of the current step
+    replica: Replica | None = None         # where the previous step ran (warm prefix cache)
+    outcome: str | None = None             # completed | failed | rejected | deferred
+    ended_s: float | None = None
+    slo_met: bool = True                   # every completed step met its TTFT objective
+    waiting_verdict: bool = False          # deferred, waiting to ask again
+    last_shed: bool = False                # the previous attempt was rejected by admission
+
+
+@dataclass
+class Attempt:
+    task: Task
+    number: int
+    request_id: str
+    sent_s: float
+    replica: Replica
+    seq: Sequence | None = None
+    first_token_s: float | None = None
+    done: bool = False
+
+
+@dataclass
+class Stats:
+    """What the outcome report is computed from."""
+
+    arrivals: int = 0
+    tasks: list[Task] = field(default_factory=list)
+    ttfts: list[tuple[str, float]] = field(default_factory=list)        # (priority, ttft) of completed attempts
+    useful_tokens: int = 0           # work of attempts that completed
+    wasted_tokens: int = 0           # work of attempts that did not, and recompute after preemption
+    gpu_seconds: float = 0.0         # alive replicas × gpus × time
+    decisions: int = 0
+    admitted: int = 0
+    timeline: dict[int, dict[str, float]] = field(default_factory=dict)  # per second
+
+
+class FleetSim:
+    def __init__(self, pool: str, replicas: int, hardware: Hardware, arrivals: Iterable[Arrival],
+                 controller: Controller, client: ClientPolicy = ClientPolicy(), seed: int = 1,
+                 start_ms: int = 1_750_000_000_000, duration_s: float = 300.0, drain_s: float = 120.0,
+                 fleet_events: tuple[FleetEvent, ...] = (), long_context_from_s: float | None = None,
+                 long_context_factor: float = 4.0, sample_interval_s: float = 1.0, tick_s: float = 0.5,
+                 emit: Callable[[str, dict], None] | None = None) -> None:
+        self.pool = pool
+        self.model = f"model-{pool}"
+        self.hw = hardware
+        self.controller = controller
+        self.client = client
+        self.rng = random.Random(seed)
+        self._ids = random.Random(seed + 1)
+        self.start_ms = start_ms
+        self.duration_s = duration_s
+        self.end_s = duration_s + drain_s
+        self.replicas = [Replica(f"{pool}-r{i:02d}", hardware) for i in range(replicas)]
+        self.sample_interval_s = sample_interval_s
+        self.tick_s = tick_s
+        self.long_context_from_s = long_context_from_s
+        self.long_context_factor = long_context_factor
+        self.emit_to = emit
+        self.now = 0.0
+        self.stats = Stats()
+        self._open = 0
+        self._listening = emit is not None or getattr(controller, "wants_events", False)
+        self._heap: list = []
+        self._n = 0
+        self._epoch = {r.id: 0 for r in self.replicas}
+        self._arrivals = iter(arrivals)
+        self._task_no = 0
+        self._next_arrival()
+        for event in fleet_events:
+            self._at(event.at_s, self._lose_replicas, event)
+        self._at(0.0, self._sample_tick)
+        self._at(tick_s, self._controller_tick)
+
+    # -- the event loop ------------------------------------------------------------------------------
+
+    def _at(self, t: float, fn: Callable, *args) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (t, self._n, fn, args))
+
+    def run_until(self, t: float) -> bool:
+        """Process every event up to ``t``; False once the run is over."""
+        while self._heap and self._heap[0][0] <= t:
+            at, _, fn, args = heapq.heappop(self._heap)
+            if at > self.end_s:
+                self._heap.clear()
+                break
+            self.now = at
+            fn(*args)
+            if self._finished():
+                self._close()
+                return False
+        self.now = max(self.now, min(t, self.end_s))
+        if not self._heap or self.now >= self.end_s:
+            self._close()
+            return False
+        return True
+
+    def run(self) -> Stats:
+        self.run_until(float("inf"))
+        return self.stats
+
+    def _finished(self) -> bool:
+        return self.now >= self.duration_s and self._arrivals is None and self._open == 0
+
+    def _close(self) -> None:
+        """Whatever is still open when the run stops: deferred work is deferred, the rest failed."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        for task in self.stats.tasks:
+            if task.outcome is None:
+                self._end(task, "deferred" if task.waiting_verdict else "failed")
+
+    def event_time_ms(self, t: float | None = None) -> int:
+        return self.start_ms + int(round((self.now if t is None else t) * 1000))
+
+    def _uuid(self) -> str:
+        return str(uuid.UUID(int=self._ids.getrandbits(128), version=4))
+
+    # -- arrivals and tasks --------------------------------------------------------------------------
+
+    def _next_arrival(self) -> None:
+        arrival = next(self._arrivals, None) if self._arrivals is not None else None
+        if arrival is None or arrival.at_s >= self.duration_s:
+            self._arrivals = None
+            return
+        self._at(arrival.at_s, self._arrive, arrival)
+
+    def _pick_priority(self) -> str:
+        x = self.rng.random()
+        for name, share in PRIORITY_MIX:
+            if x < share:
+                return name
+            x -= share
+        return PRIORITY_MIX[-1][0]
+
+    def _arrive(self, arrival: Arrival) -> None:
+        self._task_no += 1
+        steps = []
+        n = self.rng.choice(STEP_WEIGHTS)
+        factor = self.long_context_factor if (self.long_context_from_s is not None
+                                              and self.now >= self.long_context_from_s) else 1.0
+        first_input = int(arrival.input_tokens * factor)
+        steps.append((first_input, arrival.output_tokens))
+        for _ in range(n - 1):
+            steps.append((self.rng.randint(20, 400), max(1, int(arrival.output_tokens * self.rng.uniform(0.3, 1.2)))))
+        task = Task(f"task-{self._task_no:07d}", self._pick_priority(), TENANTS[self.rng.randrange(len(TENANTS))],
+                    self.now, steps, context=min(MAX_CONTEXT, first_input))
+        self.stats.tasks.append(task)
+        self.stats.arrivals += 1
+        self._open += 1
+        self._second("arrivals", 1)
+        self._start_attempt(task)
+        self._next_arrival()
+
+    def _start_attempt(self, task: Task) -> None:
+        if task.outcome is not None:
+            return
+        task.waiting_verdict = False
+        retry = task.attempt > 0
+        request = Request(self.pool, task.priority, continuing=task.step > 0, retry=retry,
+                          slo_ttft_s=self.client.slo(task.priority), after_shed=retry and task.last_shed)
+        verdict = self.controller.verdict(request, self.now)
+        self.stats.decisions += 1
+        self._second("decisions", 1)
+        request_id = f"{task.id}-s{task.step}"
+        base = self._base_event(task, request_id, task.attempt + 1)
+        self._emit(base | {"phase": "received"})
+        if isinstance(verdict, Defer):
+            task.deferrals += 1
+            task.waiting_verdict = True
+            self._emit(base | {"phase": "deferred"})
+            self._at(self.now + verdict.retry_after_s, self._start_attempt, task)
+            return
+        task.attempt += 1
+        task.last_shed = isinstance(verdict, (Reject, Redirect))
+        if task.last_shed:
+            retry_after = getattr(verdict, "retry_after_s", 1.0)
+            final = task.attempt >= self.client.max_attempts
+            self._emit(base | self._terminal("rejected", final, error="rejected"))
+            if final:
+                self._end(task, "rejected")
+            else:
+                self._at(self.now + max(retry_after, self._backoff(task.attempt)), self._start_attempt, task)
+            return
+        replica = self._choose_replica(task)
+        if replica is None:
+            final = task.attempt >= self.client.max_attempts
+            self._emit(base | self._terminal("failed", final, error="no_replica"))
+            self._after_failure(task, final)
+            return
+        self.stats.admitted += 1
+        self._second("admitted", 1)
+        cached = min(task.context, self._warm(task, replica))
+        attempt = Attempt(task, task.attempt, request_id, self.now, replica)
+        attempt.seq = Sequence(attempt, task.context, cached, task.steps[task.step][1])
+        self._emit(base | {"phase": "admitted", "replica_id": replica.id})
+        replica.enqueue(attempt.seq)
+        self.controller.record(True, self.now)
+        self._kick(replica)
+        self._at(self.now + self.client.timeout(task.priority), self._timeout, attempt)
+
+    def _warm(self, task: Task, replica: Replica) -> int:
+        """Prefix-cache hit: the previous step's context, if it ran on this replica."""
+        if task.step == 0 or task.replica is not replica:
+            return 0
+        new_input = task.steps[task.step][0]
+        return max(0, task.context - new_input)
+
+    def _choose_replica(self, task: Task) -> Replica | None:
+        alive = [r for r in self.replicas if r.alive]
+        if not alive:
+            return None
+        if task.replica is not None and task.replica.alive and task.step > 0:
+            return task.replica
+        return min(alive, key=lambda r: (r.load(), r.id))
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.client.backoff_cap_s, self.client.backoff_base_s * 2 ** (attempt - 1))
+        return base * self.rng.uniform(0.5, 1.5)
+
+    def _after_failure(self, task: Task, final: bool) -> None:
+        if final:
+            self._end(task, "failed")
+        else:
+            self._at(self.now + self._backoff(task.attempt), self._start_attempt, task)
+
+    def _end(self, task: Task, outcome: str) -> None:
+        self._open -= 1
+        task.outcome = outcome
+        task.ended_s = self.now
+        if outcome == "completed" and task.slo_met:
+            self._second("slo_successes", 1)
+
+    # -- attempts on replicas ------------------------------------------------------------------------
+
+    def _kick(self, replica: Replica) -> None:
+        if replica.alive and not replica.busy and replica.has_work():
+            duration = replica.start_step()
+            self._at(self.now + duration, self._step_done, replica, self._epoch[replica.id])
+
+    def _step_done(self, replica: Replica, epoch: int) -> None:
+        if epoch != self._epoch[replica.id] or not replica.alive:
+            return
+        result = replica.finish_step()
+        for seq in result.first_tokens:
+            attempt: Attempt = seq.owner
+            attempt.first_token_s = self.now
+            self._emit(self._base_event(attempt.task, attempt.request_id, attempt.number)
+                       | {"phase": "first_token", "replica_id": replica.id, "ttft_s": round(self.now - attempt.sent_s, 6)})
+        for seq in result.finished:
+            self._complete(seq.owner)
+        for seq in result.failed:
+            attempt = seq.owner
+            self._fail_attempt(attempt, "context_length_exceeded", final=True)
+        self._kick(replica)
+
+    def _work(self, attempt: Attempt) -> int:
+        """Tokens the replica processed for an attempt: its prefill (if it got that far), output, recompute."""
+        seq = attempt.seq
+        prompt_work = max(0, seq.prompt_tokens - seq.cached_tokens) if seq.first_token else 0
+        return prompt_work + seq.generated + seq.recomputed_tokens
+
+    def _complete(self, attempt: Attempt) -> None:
+        if attempt.done:
+            return
+        attempt.done = True
+        task, seq = attempt.task, attempt.seq
+        ttft = attempt.first_token_s - attempt.sent_s
+        duration = self.now - attempt.sent_s
+        tpot = (self.now - attempt.first_token_s) / max(1, seq.output_tokens - 1)
+        slo = self.client.slo(task.priority)
+        task.slo_met = task.slo_met and ttft <= slo
+        self.stats.ttfts.append((task.priority, ttft))
+        self.stats.useful_tokens += max(0, seq.prompt_tokens - seq.cached_tokens) + seq.output_tokens
+        self.stats.wasted_tokens += seq.recomputed_tokens
+        last_step = task.step == len(task.steps) - 1
+        self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
+            "completed", last_step, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
+            cached=seq.cached_tokens, output=seq.output_tokens, ttft=ttft, tpot=tpot, duration=duration))
+        task.replica = attempt.replica
+        if last_step:
+            self._end(task, "completed")
+            return
+        task.step += 1
+        task.attempt = 0
+        new_input, _ = task.steps[task.step]
+        task.context = min(MAX_CONTEXT, task.context + seq.output_tokens + new_input)
+        self._at(self.now + self.client.think_time_s * self.rng.uniform(0.5, 1.5), self._start_attempt, task)
+
+    def _timeout(self, attempt: Attempt) -> None:
+        if attempt.done or attempt.first_token_s is not None:
+            return
+        attempt.replica.abort(attempt.seq)
+        self._fail_attempt(attempt, "timeout", final=attempt.task.attempt >= self.client.max_attempts,
+                           phase="cancelled")
+
+    def _fail_attempt(self, attempt: Attempt, error: str, final: bool, phase: str = "failed") -> None:
+        if attempt.done:
+            return
+        attempt.done = True
+        task, seq = attempt.task, attempt.seq
+        self.stats.wasted_tokens += self._work(attempt)
+        self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
+            phase, final, error=error, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
+            cached=seq.cached_tokens, output=seq.generated, duration=self.now - attempt.sent_s))
+        self._after_failure(task, final)
+
+    # -- fleet events --------------------------------------------------------------------------------
+
+    def _lose_replicas(self, event: FleetEvent) -> None:
+        alive = [r for r in self.replicas if r.alive]
+        for replica in alive[-event.count:] if event.count else []:
+            self._epoch[replica.id] += 1
+            for seq in replica.fail_all():
+                attempt = seq.owner
+                self._fail_attempt(attempt, "replica_failure", final=attempt.task.attempt >= self.client.max_attempts)
+            if event.back_s is not None:
+                self._at(event.back_s, self._recover, replica)
+
+    def _recover(self, replica: Replica) -> None:
+        fresh = Replica(replica.id, self.hw)
+        self.replicas[self.replicas.index(replica)] = fresh
+        self._epoch[fresh.id] += 1
+
+    # -- ticks ---------------------------------------------------------------------------------------
+
+    def _sample_tick(self) -> None:
+        alive = [r for r in self.replicas if r.alive]
+        if self.now < self.duration_s:  # the bill of the scenario's window (the drain is bookkeeping)
+            self.stats.gpu_seconds += len(alive) * self.hw.gpu_count * self.sample_interval_s
+        if alive:
+            self._second("kv_usage", sum(r.kv_usage() for r in alive) / len(alive))
+            self._second("replicas", len(alive))
+        for r in alive if self._listening else ():
+            self._emit({"schema_version": 1, "event_id": self._uuid(), "event_time": self.event_time_ms(),
+                        "replica_id": r.id, "pool": self.pool, "hardware": self.hw.name,
+                        "gpu_count": self.hw.gpu_count, "requests_running": len(r.running),
+                        "requests_waiting": r.waiting_count, "kv_cache_usage": round(r.kv_usage(), 4),
+                        "preemptions_total": r.preemptions_total, "prompt_tokens_total": r.prompt_tokens_total,
+                        "generation_tokens_total": r.generation_tokens_total,
+                        "prefix_cache_hits_total": r.prefix_hits_total,
+                        "prefix_cache_queries_total": r.prefix_queries_total, "healthy": True}, kind="replica")
+        if self.now + self.sample_interval_s <= self.end_s:
+            self._at(self.now + self.sample_interval_s, self._sample_tick)
+
+    def _controller_tick(self) -> None:
+        self.controller.tick(self, self.now)
+        if self.now + self.tick_s <= self.end_s:
+            self._at(self.now + self.tick_s, self._controller_tick)
+
+    # -- events and per-second figures ---------------------------------------------------------------
+
+    def _second(self, key: str, value: float) -> None:
+        row = self.stats.timeline.setdefault(int(self.now), {})
+        row[key] = row.get(key, 0.0) + value if key not in ("kv_usage", "replicas") else value
+
+    def _base_event(self, task: Task, request_id: str, attempt: int) -> dict:
+        return {"schema_version": 1, "event_id": "", "event_time": 0, "task_id": task.id,
+                "request_id": request_id, "attempt": attempt, "tenant": task.tenant, "priority": task.priority,
+                "pool": self.pool, "model": self.model}
+
+    def _terminal(self, phase: str, final: bool, error: str | None = None, replica: str | None = None,
+                  input_tokens: int = 0, cached: int = 0, output: int = 0, ttft: float | None = None,
+                  tpot: float | None = None, duration: float = 0.0) -> dict:
+        event = {"phase": phase, "task_final": final, "input_tokens": input_tokens, "cached_input_tokens": cached,
+                 "output_tokens": output, "duration_s": round(duration, 6), "slo_ttft_s": 0.0,
+                 "slo_tpot_s": 0.2}
+        if replica is not None:
+            event["replica_id"] = replica
+        if error is not None:
+            event["error_type"] = error
+        if ttft is not None:
+            event["ttft_s"] = round(ttft, 6)
+            event["tpot_s"] = round(tpot, 6)
+        return event
+
+    def _emit(self, event: dict, kind: str = "request") -> None:
+        if not self._listening:
+            return
+        if kind == "request":
+            event["event_id"] = self._uuid()
+            event["event_time"] = self.event_time_ms()
+            if "slo_ttft_s" in event:
+                event["slo_ttft_s"] = self.client.slo(event["priority"])
+        self.controller.observe(kind, event)
+        if self.emit_to is not None:
+            self.emit_to(kind, event)

@@ -1,0 +1,169 @@
+"""The scenarios, the pool's measured SLO capacity, and running one scenario under one controller.
+
+Loads are stated as multiples of the pool's **SLO capacity** — the highest
+steady task rate at which, with no admission control, at least 99% of tasks
+of every class still meet their TTFT objective — measured here by a search
+over short steady runs of the same simulator (what an operator's load test
+would find). The capacity also configures Sluice's profile for the pool
+(admitted requests/s and peak tokens/s per replica), as an operator would
+from that load test; nothing else about the controller is fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Callable
+
+from ..cost import price_table
+from ..settings import Settings, load_settings
+from .arrivals import RateSchedule, gamma_arrivals, trace_arrivals
+from .controllers import FixedThreshold, NoControl, SluiceInProcess
+from .fleet import ClientPolicy, FleetEvent, FleetSim
+from .outcome import Outcome, summarise
+from .replay import load_trace
+from .replica import Hardware
+
+POOL = "chat-8b"
+START_MS = 1_750_000_000_000
+ATTAINMENT_TARGET = 0.99
+AGGRESSIVE_CLIENT = ClientPolicy(ttft_timeout_s=4.0, max_attempts=6, backoff_base_s=0.25, backoff_cap_s=2.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    base_load: float                          # × SLO capacity
+    spike_load: float | None = None           # × SLO capacity during the spike
+    spike_from_s: float = 60.0
+    spike_to_s: float = 180.0
+    lose_fraction: float = 0.0                # replicas lost at ``lose_at_s``
+    lose_at_s: float = 60.0
+    back_at_s: float | None = None
+    long_context_from_s: float | None = None
+    client: ClientPolicy = field(default_factory=ClientPolicy)
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("steady", "0.7× SLO capacity throughout", 0.7),
+    Scenario("spike", "0.7× capacity, 2× capacity from 60 s to 180 s", 0.7, spike_load=2.0),
+    Scenario("replica-loss", "0.9× capacity; 30% of replicas lost at 60 s, back cold at 240 s", 0.9,
+             lose_fraction=0.3, back_at_s=240.0),
+    Scenario("retry-storm", "the spike, with clients that time out at 4 s and retry 6 times quickly", 0.7,
+             spike_load=2.0, client=AGGRESSIVE_CLIENT),
+    Scenario("long-context", "0.9× capacity; prompts 4× longer from 60 s (KV cache binds first)", 0.9,
+             long_context_from_s=60.0),
+)}
+CONTROLLED = ("spike", "replica-loss", "retry-storm")   # where the controller must pay for itself
+
+
+@dataclass(frozen=True)
+class Fleet:
+    replicas: int = 10
+    hardware: Hardware = Hardware()
+    duration_s: float = 300.0
+    drain_s: float = 120.0
+    arrivals: str = "trace"        # or "gamma"
+    burstiness: float = 1.0
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class Capacity:
+    tasks_per_s: float             # highest steady rate meeting the SLO
+    slo_goodput: float             # SLO-successful tasks/s at that rate
+    requests_per_s_per_replica: float
+    peak_tokens_per_s_per_replica: float
+
+
+def _arrivals(fleet: Fleet, schedule: RateSchedule, duration_s: float):
+    trace = load_trace()
+    if fleet.arrivals == "gamma":
+        return gamma_arrivals(trace, schedule, duration_s, fleet.burstiness, fleet.seed)
+    return trace_arrivals(trace, schedule, duration_s)
+
+
+def _steady(fleet: Fleet, replicas: int, rate: float, client: ClientPolicy, duration_s: float = 120.0) -> Outcome:
+    sim = FleetSim(POOL, replicas, fleet.hardware, _arrivals(fleet, RateSchedule(((0.0, rate),)), duration_s),
+                   NoControl(), client, seed=fleet.seed, start_ms=START_MS, duration_s=duration_s, drain_s=60.0)
+    return summarise(sim, sim.run(), duration_s)
+
+
+@lru_cache(maxsize=32)
+def slo_capacity(fleet: Fleet, replicas: int, client: ClientPolicy = ClientPolicy()) -> Capacity:
+    """Binary search for the highest steady task rate where every class keeps ≥ 99% TTFT attainment."""
+    lo, hi = 0.5 * replicas, 8.0 * replicas
+    best = _steady(fleet, replicas, lo, client)
+    for _ in range(7):
+        mid = (lo + hi) / 2
+        outcome = _steady(fleet, replicas, mid, client)
+        if min(outcome.attainment.values()) >= ATTAINMENT_TARGET:
+            lo, best = mid, outcome
+        else:
+            hi = mid
+    saturated = _steady(fleet, replicas, hi * 1.5, client)
+    return Capacity(tasks_per_s=round(lo, 3), slo_goodput=best.slo_goodput,
+                    requests_per_s_per_replica=best.requests_per_s / replicas,
+                    peak_tokens_per_s_per_replica=saturated.tokens_per_s / replicas)
+
+
+def sluice_settings(capacity: Capacity, base: Settings | None = None) -> Settings:
+    """The pool's profile from the measured capacity: ``balanced`` limits, this hardware's rates."""
+    base = base or load_settings(env={})
+    profile = {"capacity_rps_per_replica": round(capacity.requests_per_s_per_replica, 3),
+               "peak_tokens_per_s": round(capacity.peak_tokens_per_s_per_replica, 1),
+               "slo_ttft_s": 2.0}
+    # the simulated GPU agents sample every second: a replica is stale after five missed samples
+    return replace(base, profiles={**base.profiles, "sim-pool": profile}, pool_profiles={POOL: "sim-pool"},
+                   replica_stale_after_s=5.0)
+
+
+def schedule_for(scenario: Scenario, capacity: Capacity) -> RateSchedule:
+    base = scenario.base_load * capacity.tasks_per_s
+    if scenario.spike_load is None:
+        return RateSchedule(((0.0, base),))
+    spike = scenario.spike_load * capacity.tasks_per_s
+    return RateSchedule(((0.0, base), (scenario.spike_from_s, spike), (scenario.spike_to_s, base)))
+
+
+def controllers(settings: Settings, seed: int) -> dict[str, Callable[[], object]]:
+    return {"no control": NoControl, "fixed threshold": FixedThreshold,
+            "sluice": lambda: SluiceInProcess(settings, POOL, START_MS, seed)}
+
+
+def run_scenario(scenario: Scenario, controller, fleet: Fleet = Fleet(), capacity: Capacity | None = None,
+                 emit=None, start_ms: int = START_MS) -> tuple[FleetSim, Outcome]:
+    capacity = capacity or slo_capacity(fleet, fleet.replicas)
+    lost = math.ceil(scenario.lose_fraction * fleet.replicas - 1e-9)
+    events = (FleetEvent(scenario.lose_at_s, lost, scenario.back_at_s),) if lost else ()
+    sim = FleetSim(POOL, fleet.replicas, fleet.hardware,
+                   _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s), controller,
+                   scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
+                   drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
+                   emit=emit)
+    return sim, summarise(sim, sim.run(), fleet.duration_s)
+
+
+def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
+    """The SLO capacity for the replicas alive during the scenario's hardest stretch."""
+    alive = fleet.replicas - math.ceil(scenario.lose_fraction * fleet.replicas - 1e-9)
+    return slo_capacity(fleet, alive)
+
+
+def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(),
+            settings: Settings | None = None) -> list[dict]:
+    """Every scenario under every controller, in-process; one row per (scenario, controller)."""
+    capacity = slo_capacity(fleet, fleet.replicas)
+    tuned = sluice_settings(capacity, settings)
+    prices = price_table(tuned.gpu_prices)
+    rows = []
+    for name in names:
+        scenario = SCENARIOS[name]
+        reference = reference_capacity(scenario, fleet)
+        for label, make in controllers(tuned, fleet.seed).items():
+            sim, outcome = run_scenario(scenario, make(), fleet, capacity)
+            rows.append(outcome.row(name, label, reference.slo_goodput, prices.get(fleet.hardware.name, 0.0),
+                                    getattr(sim.controller, "state_changes", 0)))
+    return rows

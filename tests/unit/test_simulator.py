@@ -1,0 +1,115 @@
+"""The fleet simulator's own guarantees: conservation, KV capacity, preemption, determinism."""
+
+import pytest
+
+from pipeline.sim.arrivals import Arrival, RateSchedule, gamma_arrivals, trace_arrivals
+from pipeline.sim.controllers import FixedThreshold, NoControl
+from pipeline.sim.fleet import ClientPolicy, FleetEvent, FleetSim
+from pipeline.sim.replay import TraceRow, load_trace
+from pipeline.sim.replica import Hardware, Replica, Sequence
+
+SMALL = Hardware(kv_capacity_tokens=6000, max_batch=8)
+
+
+def fleet(controller=None, rate=12.0, seconds=60.0, replicas=3, hw=Hardware(), seed=3, **kw):
+    arrivals = trace_arrivals(load_trace(), RateSchedule(((0.0, rate),)), seconds)
+    return FleetSim("p", replicas, hw, arrivals, controller or NoControl(), seed=seed, duration_s=seconds,
+                    drain_s=90.0, **kw)
+
+
+class KvWatch(NoControl):
+    """Checks every replica's KV after every controller tick."""
+
+    def __init__(self):
+        self.max_used = 0
+
+    def tick(self, sim, now_s):
+        for r in sim.replicas:
+            assert r.kv_used() <= r.hw.kv_capacity_tokens
+            self.max_used = max(self.max_used, r.kv_used() / r.hw.kv_capacity_tokens)
+
+
+@pytest.mark.parametrize("rate", [5.0, 40.0])
+def test_every_arrival_ends_completed_failed_rejected_or_deferred(rate):
+    sim = fleet(FixedThreshold(), rate=rate, fleet_events=(FleetEvent(20.0, 1, 40.0),))
+    stats = sim.run()
+    assert stats.arrivals == len(stats.tasks) > 0
+    outcomes = [t.outcome for t in stats.tasks]
+    assert None not in outcomes and set(outcomes) <= {"completed", "failed", "rejected", "deferred"}
+    if rate > 20:
+        assert {"completed", "failed"} <= set(outcomes), "overload fails some work"
+
+
+def test_kv_capacity_is_never_exceeded_and_preemption_happens_when_it_must():
+    watch = KvWatch()
+    sim = fleet(watch, rate=10.0, hw=SMALL, tick_s=0.05, long_context_from_s=0.0, long_context_factor=1.5)
+    sim.run()
+    assert watch.max_used > 0.9, "the cache was driven to its limit"
+    assert sum(r.preemptions_total for r in sim.replicas) > 0, "growth past the cache preempts"
+    assert sim.stats.wasted_tokens > 0, "and the preempted work is recomputed"
+
+
+def test_replica_preempts_the_newest_and_recomputes_it():
+    r = Replica("r", Hardware(kv_capacity_tokens=230, max_batch=4, kv_watermark=0.0))
+    old, new = Sequence("old", 100, 0, 50), Sequence("new", 100, 0, 50)
+    r.enqueue(old)
+    r.enqueue(new)
+    preempted = []
+    for _ in range(120):
+        r.start_step()
+        preempted += r.finish_step().preempted
+        assert r.kv_used() <= 230
+    assert preempted and preempted[0] is new and not old.preempted
+    assert new.recomputed_tokens >= 100, "re-admitted after old finished: prompt and generated tokens again"
+    assert not r.has_work(), "both finished"
+
+
+def test_a_context_longer_than_the_cache_fails_instead_of_waiting_forever():
+    r = Replica("r", Hardware(kv_capacity_tokens=1000))
+    seq = Sequence("x", 5000, 0, 10)
+    r.enqueue(seq)
+    r.start_step()
+    assert r.finish_step().failed == [seq] and r.waiting_count == 0
+
+
+def test_same_seed_same_results_and_another_seed_differs():
+    def run(seed):
+        stats = fleet(FixedThreshold(), rate=30.0, seed=seed).run()
+        return [(t.id, t.priority, t.outcome, t.ended_s) for t in stats.tasks], stats.ttfts
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_clients_time_out_and_retry_with_backoff_up_to_max_attempts():
+    client = ClientPolicy(ttft_timeout_s=1.0, max_attempts=2, backoff_base_s=0.5)
+    events = []
+    sim = fleet(rate=60.0, replicas=1, client=client, emit=lambda kind, e: events.append(e) if kind == "request" else None)
+    sim.run()
+    cancelled = [e for e in events if e["phase"] == "cancelled"]
+    assert cancelled and all(e["error_type"] == "timeout" for e in cancelled)
+    assert max(e["attempt"] for e in events) == 2
+    assert all(e["task_final"] == (e["attempt"] == 2) for e in cancelled)
+
+
+def test_emitted_events_follow_the_contract():
+    from pipeline.events import ReplicaSample, RequestEvent, decode
+    import orjson
+
+    events = []
+    fleet(rate=5.0, seconds=10.0, emit=lambda kind, e: events.append((kind, e))).run()
+    kinds = {k for k, _ in events}
+    assert kinds == {"request", "replica"}
+    for kind, e in events[:2000]:
+        cls, key = (RequestEvent, e["task_id"]) if kind == "request" else (ReplicaSample, e["replica_id"])
+        assert isinstance(decode(cls, orjson.dumps(e), key.encode(), 1 << 20), cls), e
+
+
+def test_rate_schedule_and_arrival_sources():
+    schedule = RateSchedule(((0.0, 10.0), (10.0, 30.0)))
+    assert schedule.invert(100) == pytest.approx(10.0) and schedule.invert(130) == pytest.approx(11.0)
+    trace = [TraceRow(float(i), 100, 10) for i in range(1000)]
+    assert sum(1 for _ in trace_arrivals(trace, schedule, 20.0)) == pytest.approx(400, abs=2)
+    bursty = list(gamma_arrivals(trace, schedule, 20.0, burstiness=0.5, seed=1))
+    assert 300 < len(bursty) < 500 and all(isinstance(a, Arrival) for a in bursty)
+    with pytest.raises(ValueError):
+        RateSchedule(((5.0, 1.0),))
