@@ -186,7 +186,23 @@ def cmd_settings(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(_settings(), seconds=args.seconds, rate=args.rate)
+    return run_demo(_settings(), seconds=args.seconds)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from .query_client import render
+    from .sim.scenarios import SCENARIOS, Fleet, compare, slo_capacity
+
+    fleet = Fleet(replicas=args.replicas, duration_s=args.seconds, seed=args.seed, arrivals=args.arrivals,
+                  burstiness=args.burstiness)
+    names = tuple(args.scenario or SCENARIOS)
+    capacity = slo_capacity(fleet, fleet.replicas)
+    rows = compare(names, fleet, _settings(), Path(args.charts) if args.charts else None)
+    if args.format == "table":
+        print(f"SLO capacity of {fleet.replicas} replicas: {capacity.tasks_per_s:.1f} tasks/s "
+              f"({capacity.slo_goodput:.1f} SLO-successful tasks/s)")
+    print(render(rows, args.format))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -197,6 +213,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .sim.scenarios import SCENARIOS
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -262,10 +279,22 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument("--markdown", action="store_true", help="print the documentation table instead")
     settings.set_defaults(func=cmd_settings)
 
-    demo = sub.add_parser("demo", help="start Kafka and a worker, replay the trace, report what landed")
-    demo.add_argument("--seconds", type=float, default=60.0)
-    demo.add_argument("--rate", type=float, default=20.0)
+    demo = sub.add_parser("demo", help="a replica-loss incident through the real pipeline, compared with baselines")
+    demo.add_argument("--seconds", type=float, default=180.0, help="length of the incident, real time")
     demo.set_defaults(func=cmd_demo)
+
+    sim = sub.add_parser("sim", help="fleet simulator: every scenario under every controller, in-process")
+    sim.add_argument("--scenario", action="append", choices=tuple(SCENARIOS),
+                     help="a scenario (repeatable; default: all)")
+    sim.add_argument("--seconds", type=float, default=300.0, help="scenario length, simulated seconds")
+    sim.add_argument("--replicas", type=int, default=10)
+    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--arrivals", choices=("trace", "gamma"), default="trace",
+                     help="the Azure trace time-scaled, or gamma-distributed gaps")
+    sim.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, < 1 burstier)")
+    sim.add_argument("--charts", help="directory for one PNG per scenario")
+    sim.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    sim.set_defaults(func=cmd_sim)
 
     bench = sub.add_parser("bench", help="measure stage figures against a baseline in the same run")
     bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")

@@ -1,27 +1,38 @@
-"""The demo a new user runs first: Kafka, a worker, a minute of the trace, and an account of every event."""
+"""The demo a new user runs first: a replica-loss incident, through the real pipeline.
+
+Kafka, a worker with the embedded ClickHouse store, and the fleet simulator
+in real time: 30% of the replicas die while the pool runs at 0.9 of its SLO
+capacity. The simulated routers obey the signed signals the worker
+publishes. Then the same scenario runs in-process without control, with the
+fixed-threshold baseline and with Sluice's pure core; the demo prints the
+comparison, writes a chart, and prints ``sluice report`` from ClickHouse.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from dataclasses import replace
 
 from .devstack.kafka import KafkaDevstack, bootstrap_servers
-from .pools_view import format_table, latest_pictures
+from .query_client import render
 from .settings import Settings
 from .worker_process import WorkerProcess
+
+COLUMNS = ("controller", "slo_goodput", "capacity_share", "attain_critical", "attain_standard", "attain_sheddable",
+           "usd_per_1k_slo_tasks", "waste_share", "ttft_p99_s", "state_changes", "n_completed", "n_rejected")
 
 
 def _step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def run_demo(settings: Settings, seconds: float, rate: float) -> int:
-    from .sim.producer import produce
-    from .sim.replay import generate, load_trace
-    from .sim.specimens import bad_inputs
-    from .sinks.store import open_store
+def run_demo(settings: Settings, seconds: float = 180.0) -> int:
+    from .cost import price_table
+    from .report import pool_report
+    from .sim.live import console_display, run_live
+    from .sim.scenarios import (POOL, SCENARIOS, Fleet, draw, reference_capacity, run_controllers, slo_capacity,
+                                sluice_settings)
 
     started_kafka = False
     if not settings.kafka_bootstrap_servers:
@@ -34,9 +45,20 @@ def run_demo(settings: Settings, seconds: float, rate: float) -> int:
               f"{time.monotonic() - t:.1f}s")
     bootstrap = bootstrap_servers(settings)
 
-    _step("worker (stage-1 ingest, dead letters, landing in ClickHouse)")
-    demo_settings = replace(settings, topic_namespace=settings.topic_namespace or "demo",
-                            app_id=f"{settings.app_id}-demo", kafka_bootstrap_servers=bootstrap)
+    fleet = Fleet(duration_s=seconds, drain_s=90.0)
+    lose_at, back_at = round(seconds / 3), round(seconds * 5 / 6)
+    scenario = replace(SCENARIOS["replica-loss"], lose_at_s=lose_at, back_at_s=back_at,
+                       description=f"0.9× capacity; 30% of replicas lost at {lose_at} s, back cold at {back_at} s")
+    _step("measuring the simulated pool's SLO capacity (what a load test would find)")
+    capacity = slo_capacity(fleet, fleet.replicas)
+    print(f"{fleet.replicas} × {fleet.hardware.name}: {capacity.tasks_per_s:.1f} tasks/s keep 99% of every class "
+          f"within its TTFT SLO; the pool's profile gets {capacity.requests_per_s_per_replica:.2f} requests/s and "
+          f"{capacity.peak_tokens_per_s_per_replica:.0f} peak tokens/s per replica")
+
+    namespace = settings.topic_namespace or f"demo{int(time.time())}"
+    demo_settings = replace(sluice_settings(capacity, settings), topic_namespace=namespace,
+                            app_id=f"{settings.app_id}-{namespace}", kafka_bootstrap_servers=bootstrap)
+    _step("worker (ingest, load picture, admission signals, landing in the embedded ClickHouse)")
     worker = WorkerProcess(demo_settings, settings.state_dir / "demo-worker.log")
     try:
         try:
@@ -46,55 +68,37 @@ def run_demo(settings: Settings, seconds: float, rate: float) -> int:
             return 1
         print(f"worker pid {worker.pid} healthy at {worker.base_url}/healthz, metrics at {worker.base_url}/metrics")
 
-        _step(f"replaying {seconds:.0f}s of the Azure LLM trace at {rate:g} requests/s, with invalid records mixed in")
-        trace = load_trace()
-        events = generate(trace, rate, seconds, seed=int(time.time()), start_ms=int(time.time() * 1000))
-        catalogue = bad_inputs(settings.max_event_bytes)
+        _step(f"replica-loss through the real pipeline, in real time ({seconds:.0f} s + drain): "
+              f"{scenario.description}")
+        display = console_display(seconds, POOL)
+        live_sim, live = asyncio.run(run_live(demo_settings, scenario, fleet, capacity, bootstrap, display))
 
-        shown = [-1]
+        _step("the same scenario in-process: no control, the fixed threshold, Sluice's pure core")
+        runs = run_controllers(scenario, fleet, capacity, demo_settings)
+        runs["sluice (pipeline)"] = (live_sim, live)
+        reference = reference_capacity(scenario, fleet)
+        price = price_table(demo_settings.gpu_prices).get(fleet.hardware.name, 0.0)
+        rows = [outcome.row("replica-loss", label, reference.slo_goodput, price,
+                            getattr(sim.controller, "state_changes", 0)) for label, (sim, outcome) in runs.items()]
+        print(render([{k: r[k] for k in COLUMNS} for r in rows], "table"))
+        print(f"capacity_share = SLO-goodput ÷ the SLO capacity of the replicas left "
+              f"({reference.slo_goodput:.1f} SLO-successful tasks/s)")
+        chart = settings.state_dir / "demo" / "replica-loss.png"
+        chart.parent.mkdir(parents=True, exist_ok=True)
+        draw(chart, "replica-loss: sluice vs baselines", {label: sim for label, (sim, _) in runs.items()}, seconds)
+        print(f"chart: {chart}")
 
-        def progress(at: float) -> None:
-            step = int(min(1.0, at / seconds) * 40)
-            if step != shown[0]:
-                shown[0] = step
-                print(f"\r[{'#' * step:<40}] {at:5.1f}/{seconds:.0f}s", end="", flush=True)
-
-        produced = asyncio.run(produce(demo_settings, bootstrap, events, paced=True,
-                                       bad=catalogue * 2, progress=progress))
-        print(f"\rproduced {produced.requests} request events, {produced.replicas} replica samples, "
-              f"{produced.bad} invalid records" + " " * 20)
-
-        _step("waiting until every record is accounted for")
-        deadline = time.monotonic() + 120
-        counts = worker.counts()
-        while counts.accepted + counts.dead_lettered < produced.total and time.monotonic() < deadline:
+        _step("`sluice report`, from ClickHouse")
+        expected = live_sim.stats.published
+        deadline = time.monotonic() + 60
+        while worker.counts().accepted < expected and time.monotonic() < deadline:
             time.sleep(0.5)
-            counts = worker.counts()
-
-        _step("the load picture (`sluice pools`): seven axes per pool, pressure = value ÷ limit")
-        time.sleep(2 * demo_settings.tick_s)
-        pictures = asyncio.run(latest_pictures(demo_settings, bootstrap))
-        print(format_table(pictures, use_colour=sys.stdout.isatty()))
+        counts = worker.counts()
+        print(f"{expected} events published by the simulator, {counts.accepted} landed, "
+              f"{counts.dead_lettered} dead-lettered")
+        print(render(pool_report(demo_settings, url=f"{worker.base_url}/query"), "table"))
     finally:
         worker.stop()
-
-    store = open_store(demo_settings)
-    try:
-        landed = {row["t"]: row["n"] for row in store.query(
-            "SELECT 'request_events' AS t, count() AS n FROM request_events FINAL "
-            "UNION ALL SELECT 'replica_samples', count() FROM replica_samples FINAL")}
-    finally:
-        store.close()
-
-    _step("result")
-    accounted = counts.accepted + counts.dead_lettered
-    print(f"{'produced':<28}{produced.total:>10}")
-    print(f"{'accepted (landed)':<28}{counts.accepted:>10}")
-    print(f"{'dead-lettered':<28}{counts.dead_lettered:>10}")
-    for reason, n in sorted(counts.reasons.items()):
-        print(f"  {reason:<26}{n:>10}")
-    print(f"{'unaccounted':<28}{produced.total - accounted:>10}")
-    print(f"rows in the store (all runs): {landed}")
     if started_kafka:
         print("\nKafka is still running for you to explore: `sluice kafka status`, `sluice kafka stop`.")
-    return 0 if accounted == produced.total else 1
+    return 0 if counts.accepted >= expected else 1

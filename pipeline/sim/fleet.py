@@ -23,9 +23,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from ..router import Admit, Defer, Redirect, Reject, Request, Verdict
+from ..router import Defer, Redirect, Reject, Request, Verdict
 from .arrivals import Arrival
-from .replay import PRIORITY_MIX, TENANTS
+from .replay import TENANTS, pick_priority
 from .replica import Hardware, Replica, Sequence
 
 TERMINAL_OUTCOMES = ("completed", "failed", "rejected", "deferred")
@@ -117,6 +117,7 @@ class Stats:
     gpu_seconds: float = 0.0         # alive replicas × gpus × time
     decisions: int = 0
     admitted: int = 0
+    published: int = 0               # events handed to ``emit``
     timeline: dict[int, dict[str, float]] = field(default_factory=dict)  # per second
 
 
@@ -213,14 +214,6 @@ class FleetSim:
             return
         self._at(arrival.at_s, self._arrive, arrival)
 
-    def _pick_priority(self) -> str:
-        x = self.rng.random()
-        for name, share in PRIORITY_MIX:
-            if x < share:
-                return name
-            x -= share
-        return PRIORITY_MIX[-1][0]
-
     def _arrive(self, arrival: Arrival) -> None:
         self._task_no += 1
         steps = []
@@ -231,8 +224,9 @@ class FleetSim:
         steps.append((first_input, arrival.output_tokens))
         for _ in range(n - 1):
             steps.append((self.rng.randint(20, 400), max(1, int(arrival.output_tokens * self.rng.uniform(0.3, 1.2)))))
-        task = Task(f"task-{self._task_no:07d}", self._pick_priority(), TENANTS[self.rng.randrange(len(TENANTS))],
-                    self.now, steps, context=min(MAX_CONTEXT, first_input))
+        priority, tenant = pick_priority(self.rng), TENANTS[self.rng.randrange(len(TENANTS))]
+        task = Task(f"task-{self._task_no:07d}", priority, tenant, self.now, steps,
+                    context=min(MAX_CONTEXT, first_input))
         self.stats.tasks.append(task)
         self.stats.arrivals += 1
         self._open += 1
@@ -333,8 +327,9 @@ class FleetSim:
         for seq in result.first_tokens:
             attempt: Attempt = seq.owner
             attempt.first_token_s = self.now
+            ttft = round(self.now - attempt.sent_s, 6)
             self._emit(self._base_event(attempt.task, attempt.request_id, attempt.number)
-                       | {"phase": "first_token", "replica_id": replica.id, "ttft_s": round(self.now - attempt.sent_s, 6)})
+                       | {"phase": "first_token", "replica_id": replica.id, "ttft_s": ttft})
         for seq in result.finished:
             self._complete(seq.owner)
         for seq in result.failed:
@@ -472,4 +467,5 @@ class FleetSim:
                 event["slo_ttft_s"] = self.client.slo(event["priority"])
         self.controller.observe(kind, event)
         if self.emit_to is not None:
+            self.stats.published += 1
             self.emit_to(kind, event)

@@ -51,7 +51,7 @@ class Outcome:
                 "slo_goodput": round(self.slo_goodput, 3), "goodput": round(self.goodput, 3),
                 "capacity_share": round(self.slo_goodput / capacity_slo_goodput, 3) if capacity_slo_goodput else None,
                 **{f"attain_{c}": round(self.attainment[c], 4) for c in PRIORITIES},
-                "usd_per_slo_task": round(cost, 5) if cost is not None else None,
+                "usd_per_1k_slo_tasks": round(cost * 1000, 4) if cost is not None else None,
                 "waste_share": round(self.waste_share, 4),
                 "ttft_p99_s": round(self.ttft_p99_s, 3) if self.ttft_p99_s is not None else None,
                 "state_changes": state_changes, "arrivals": self.arrivals, **{
@@ -77,3 +77,28 @@ def summarise(sim: "FleetSim", stats: "Stats", duration_s: float) -> Outcome:
                    ttft_p99_s=p99, waste_share=stats.wasted_tokens / work if work else 0.0,
                    gpu_seconds=stats.gpu_seconds, requests_per_s=stats.admitted / duration_s,
                    tokens_per_s=tokens / max(sim.now, 1e-9))
+
+
+def timeline(sim: "FleetSim", until_s: float, window_s: int = 10) -> dict[str, list[tuple[float, float]]]:
+    """Per-second series for the chart, as ``window_s`` moving averages: SLO-goodput (tasks/s, by the
+    second they ended), admitted share of the router's decisions, mean KV usage of live replicas."""
+    rows = sim.stats.timeline
+    seconds = range(int(until_s))
+
+    def moving(values: list[float]) -> list[tuple[float, float]]:
+        out, total = [], 0.0
+        for i, v in enumerate(values):
+            total += v - (values[i - window_s] if i >= window_s else 0.0)
+            out.append((float(i), total / min(i + 1, window_s)))
+        return out
+
+    successes = [rows.get(s, {}).get("slo_successes", 0.0) for s in seconds]
+    decided = [rows.get(s, {}).get("decisions", 0.0) for s in seconds]
+    admitted = [rows.get(s, {}).get("admitted", 0.0) for s in seconds]
+    admit_share, d_sum, a_sum = [], 0.0, 0.0
+    for i in seconds:
+        d_sum += decided[i] - (decided[i - window_s] if i >= window_s else 0.0)
+        a_sum += admitted[i] - (admitted[i - window_s] if i >= window_s else 0.0)
+        admit_share.append((float(i), a_sum / d_sum if d_sum else 1.0))
+    kv = [(float(s), rows.get(s, {}).get("kv_usage", 0.0)) for s in seconds]
+    return {"slo_goodput": moving(successes), "admit_fraction": admit_share, "kv_usage": kv}

@@ -77,7 +77,8 @@ class Emitted(NamedTuple):
     event: dict
 
 
-def _pick_priority(rng: random.Random) -> str:
+def pick_priority(rng: random.Random) -> str:
+    """A priority class drawn from ``PRIORITY_MIX``."""
     x = rng.random()
     for name, share in PRIORITY_MIX:
         if x < share:
@@ -172,7 +173,7 @@ def _schedule_task(fleet: Fleet, rng: random.Random, new_id, schedule, start_ms:
                    row: TraceRow, task_id: str) -> None:
     """All events of one task: its steps, each with attempts that may fail and retry."""
     pool = fleet.pools[rng.randrange(len(fleet.pools))]
-    priority, tenant = _pick_priority(rng), TENANTS[rng.randrange(len(TENANTS))]
+    priority, tenant = pick_priority(rng), TENANTS[rng.randrange(len(TENANTS))]
     steps = rng.choice((1, 1, 1, 2, 2, 3, 4))
     step_at = at
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable
 
 from ..cost import price_table
@@ -21,7 +22,8 @@ from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess
 from .fleet import ClientPolicy, FleetEvent, FleetSim
-from .outcome import Outcome, summarise
+from .chart import Panel, render
+from .outcome import Outcome, summarise, timeline
 from .replay import load_trace
 from .replica import Hardware
 
@@ -133,16 +135,20 @@ def controllers(settings: Settings, seed: int) -> dict[str, Callable[[], object]
             "sluice": lambda: SluiceInProcess(settings, POOL, START_MS, seed)}
 
 
-def run_scenario(scenario: Scenario, controller, fleet: Fleet = Fleet(), capacity: Capacity | None = None,
-                 emit=None, start_ms: int = START_MS) -> tuple[FleetSim, Outcome]:
-    capacity = capacity or slo_capacity(fleet, fleet.replicas)
+def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, emit=None,
+              start_ms: int = START_MS) -> FleetSim:
     lost = math.ceil(scenario.lose_fraction * fleet.replicas - 1e-9)
     events = (FleetEvent(scenario.lose_at_s, lost, scenario.back_at_s),) if lost else ()
-    sim = FleetSim(POOL, fleet.replicas, fleet.hardware,
-                   _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s), controller,
-                   scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
-                   drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
-                   emit=emit)
+    return FleetSim(POOL, fleet.replicas, fleet.hardware,
+                    _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s), controller,
+                    scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
+                    drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
+                    emit=emit)
+
+
+def run_scenario(scenario: Scenario, controller, fleet: Fleet = Fleet(), capacity: Capacity | None = None,
+                 emit=None, start_ms: int = START_MS) -> tuple[FleetSim, Outcome]:
+    sim = build_sim(scenario, controller, fleet, capacity or slo_capacity(fleet, fleet.replicas), emit, start_ms)
     return sim, summarise(sim, sim.run(), fleet.duration_s)
 
 
@@ -152,18 +158,40 @@ def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
     return slo_capacity(fleet, alive)
 
 
-def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(),
-            settings: Settings | None = None) -> list[dict]:
-    """Every scenario under every controller, in-process; one row per (scenario, controller)."""
+def run_controllers(scenario: Scenario, fleet: Fleet, capacity: Capacity, settings: Settings) -> dict[str, tuple]:
+    """One scenario under every controller: label → (simulator, outcome)."""
+    return {label: run_scenario(scenario, make(), fleet, capacity)
+            for label, make in controllers(settings, fleet.seed).items()}
+
+
+def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), settings: Settings | None = None,
+            charts: Path | None = None) -> list[dict]:
+    """Every scenario under every controller, in-process; one row per (scenario, controller).
+
+    With ``charts``, each scenario's timeline is drawn to ``charts/<scenario>.png``.
+    """
     capacity = slo_capacity(fleet, fleet.replicas)
     tuned = sluice_settings(capacity, settings)
-    prices = price_table(tuned.gpu_prices)
+    price = price_table(tuned.gpu_prices).get(fleet.hardware.name, 0.0)
     rows = []
     for name in names:
-        scenario = SCENARIOS[name]
-        reference = reference_capacity(scenario, fleet)
-        for label, make in controllers(tuned, fleet.seed).items():
-            sim, outcome = run_scenario(scenario, make(), fleet, capacity)
-            rows.append(outcome.row(name, label, reference.slo_goodput, prices.get(fleet.hardware.name, 0.0),
+        reference = reference_capacity(SCENARIOS[name], fleet)
+        runs = run_controllers(SCENARIOS[name], fleet, capacity, tuned)
+        for label, (sim, outcome) in runs.items():
+            rows.append(outcome.row(name, label, reference.slo_goodput, price,
                                     getattr(sim.controller, "state_changes", 0)))
+        if charts is not None:
+            charts.mkdir(parents=True, exist_ok=True)
+            draw(charts / f"{name}.png", name, {label: sim for label, (sim, _) in runs.items()}, fleet.duration_s)
     return rows
+
+
+def draw(path: Path, title: str, sims: dict, duration_s: float) -> Path:
+    """Goodput, admitted share and KV usage over time, one line per controller."""
+    lines = {label: timeline(sim, duration_s) for label, sim in sims.items()}
+    top = max([y for series in lines.values() for _, y in series["slo_goodput"]] + [1.0])
+    panels = [Panel("SLO-goodput (tasks/s, 10 s mean)", {k: v["slo_goodput"] for k, v in lines.items()},
+                    round(top * 1.1 + 0.5)),
+              Panel("admitted share of requests", {k: v["admit_fraction"] for k, v in lines.items()}, 1.0),
+              Panel("KV cache usage (mean of live replicas)", {k: v["kv_usage"] for k, v in lines.items()}, 1.0)]
+    return render(path, title, panels, duration_s)
