@@ -2,11 +2,13 @@
 
 ``faust -A pipeline.agents worker`` and ``sluice worker`` both run it.
 
-Stage 1 (raw topics, consumer group ``<app_id>-stage1``) fetches batches and
-commits them only after their dead letters are delivered and their rows are
-durable, so committed offsets never run ahead of what has landed. It also
-folds accepted events into per-pool partials, one builder per source
-partition, published to ``sluice.partials.v1`` (key: pool) every tick.
+Stage 1 (raw topics and the admission topic, consumer group
+``<app_id>-stage1``) fetches batches, folds accepted events at once into
+per-pool partials (one builder per source partition, published to
+``sluice.partials.v1``, key: pool, every tick), and gathers rows per source
+partition into blocks that land exactly once in ClickHouse (see
+``ingest.py`` and docs/storage.md); offsets are committed only after their
+dead letters are delivered and their blocks are durable.
 
 Stage 2 (partials, co-partitioned by pool) keeps each partial in a changelog
 table until it leaves the cost window and merges it into an in-memory
@@ -63,6 +65,7 @@ class Stage1:
         self.builders: dict[tuple[str, int], PartialBuilder] = {}
         self.cursors: dict[tuple[str, int], PartitionCursor] = {}
         self.recent_ids: dict[tuple[str, int], RecentIds] = {}
+        self.open_blocks: dict[tuple[str, int], BlockOutcome] = {}   # gathering rows, not yet landing
         self._landing: asyncio.Task | None = None
         self.consumer: Any = None
         self.store_ok = False
@@ -101,13 +104,13 @@ class Stage1:
         return builder
 
     async def handle(self, cls: type[Event], records: list[Record]) -> asyncio.Task:
-        """Decode, dead-letter and fold one fetched batch of one topic.
+        """Decode, dead-letter and fold one fetched batch of one topic; land what is due.
 
-        Returns once its dead letters are delivered, with its blocks still
-        landing in the returned task (which resolves to each partition's next
-        offset to commit), so the next batch is decoded while ClickHouse
-        writes this one. Landing tasks run one after another: a partition's
-        blocks land in offset order, which is what resuming relies on.
+        Folding into the picture happens now. Rows gather per source partition
+        into one block until it holds ``sink_block_rows`` rows or is
+        ``sink_block_age_s`` old (ClickHouse wants thousands of rows, about a
+        second, per insert); the returned task lands the blocks that are due
+        and resolves to each partition's next offset to commit.
         """
         started = time.perf_counter()
         if self.sink is None:
@@ -122,13 +125,50 @@ class Stage1:
             where = (recs[0].topic, partition)
             cursor = self.cursors.setdefault(where, PartitionCursor())
             seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
-            blocks += [process_block(cls, block, s.max_event_bytes, now_ms, seen) for block in cursor.cut(recs)]
+            blocks += [process_block(cls, block, s.max_event_bytes, now_ms, seen, sealed)
+                       for block, sealed in cursor.cut(recs)]
         pending = [await self.dead_letter_topic.send(key=key, value=value)
                    for block in blocks for key, value in block.dead_letters]
         if pending:
             await asyncio.gather(*pending)
-        topic = records[0].topic
-        self._fold(cls, topic, blocks)
+        self._fold(cls, records[0].topic, blocks)
+        for block in blocks:
+            block.events = []  # folded: only the rows (and their sources, for refusals) wait to land
+        metrics.INGEST_BATCH_SECONDS.labels(records[0].topic).observe(time.perf_counter() - started)
+        return self._land(self._gather(blocks))
+
+    def _gather(self, blocks: list[BlockOutcome]) -> list[BlockOutcome]:
+        """Add blocks to their partition's open block; return the blocks due to land now."""
+        due, now = [], time.monotonic()
+        for block in blocks:
+            where = (block.topic, block.partition)
+            block.opened_at = now
+            open_block = self.open_blocks.get(where)
+            if open_block is not None and block.follows(open_block):
+                open_block.absorb(block)
+            else:
+                if open_block is not None:
+                    due.append(self.open_blocks.pop(where))
+                if block.sealed:
+                    due.append(block)
+                    continue
+                self.open_blocks[where] = open_block = block
+            if open_block.size >= self.settings.sink_block_rows:
+                due.append(self.open_blocks.pop(where))
+        return due + self.aged_blocks(now)
+
+    def aged_blocks(self, now: float | None = None, partitions: Any = None) -> list[BlockOutcome]:
+        """Open blocks older than ``sink_block_age_s`` (or all of ``partitions``' blocks), taken out to land."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for where, block in list(self.open_blocks.items()):
+            if (partitions is not None and where in partitions) or (
+                    partitions is None and now - block.opened_at >= self.settings.sink_block_age_s):
+                out.append(self.open_blocks.pop(where))
+        return out
+
+    def _land(self, blocks: list[BlockOutcome]) -> asyncio.Task:
+        """Land ``blocks`` after every earlier landing (a partition's blocks land in offset order)."""
         previous = self._landing
 
         async def land() -> dict[tuple[str, int], int]:
@@ -136,18 +176,17 @@ class Stage1:
                 await asyncio.wait([previous])
             for block in blocks:
                 landing = time.perf_counter()
-                await self.sink.land(DEAD_LETTER_TABLE, block.dead_letter_rows, block.token(DEAD_LETTER_TABLE))
+                await self.sink.land(DEAD_LETTER_TABLE, block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE))
                 try:
-                    await self.sink.land(block.table, block.rows, block.token(block.table))
+                    await self.sink.land(block.table, block.landed_rows(), block.token(block.table))
                 except StoreRejected as exc:
                     await self._land_row_by_row(block, exc)
                 metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - landing)
                 if block.oldest_event_ms:
                     metrics.LANDING_LAG_SECONDS.labels(block.table).observe(
                         max(0.0, time.time() - block.oldest_event_ms / 1000))
-                if cls is not AdmissionSignal:  # signals are the pipeline's own output, counted as sink rows
-                    metrics.EVENTS_ACCEPTED.labels(topic).inc(len(block.rows))
-            metrics.INGEST_BATCH_SECONDS.labels(topic).observe(time.perf_counter() - started)
+                if block.table != TABLE_OF[AdmissionSignal]:  # signals are our own output, counted as sink rows
+                    metrics.EVENTS_ACCEPTED.labels(block.topic).inc(len(block.rows))
             return {(block.topic, block.partition): block.next_offset for block in blocks}
 
         self._landing = task = asyncio.ensure_future(land())
@@ -161,7 +200,7 @@ class Stage1:
         """
         log.warning("store refused block %s (%s); landing its rows one by one", block.token(block.table), refused)
         token = block.token(block.table)
-        for i, row_bytes in enumerate(list(block.rows)):
+        for i, row_bytes in enumerate(block.landed_rows()):
             offset = block.sources[i].offset
             try:
                 await self.sink.land(block.table, [row_bytes], f"{token}#{offset}")
@@ -228,7 +267,7 @@ class Stage1:
 
     def forget(self, topic: str, partition: int) -> None:
         """A revoked partition's per-partition state goes; its next owner rebuilds it from the store."""
-        for state in (self.builders, self.cursors, self.recent_ids):
+        for state in (self.builders, self.cursors, self.recent_ids, self.open_blocks):
             state.pop((topic, partition), None)
 
     async def consume(self, bootstrap: str) -> None:
@@ -237,21 +276,23 @@ class Stage1:
         A batch is read with aiokafka's ``getmany`` rather than through a Faust
         stream: stage 1 sees every raw event, and per-message stream machinery
         cost more than all of stage 1's own work (see docs/load-picture.md).
-        One batch lands while the next is decoded; offsets are committed in
-        order, each only after its blocks are durable.
+        Up to ``ingest_landing_depth`` batches land while the next is decoded
+        (so folding into the picture does not wait for ClickHouse); they land
+        in order, and offsets are committed only after their blocks are durable.
         """
         from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
         from aiokafka.errors import CommitFailedError, IllegalStateError
 
         stage1 = self
-        inflight: list[asyncio.Task] = []
+        inflight: list[list[asyncio.Task]] = []   # landing tasks per fetched batch, oldest first
         lag: dict[Any, int] = {}
 
-        async def settle() -> None:
-            """Wait for the batches in flight to land, then commit what they landed."""
+        async def settle(keep: int = 0) -> None:
+            """Wait until at most ``keep`` batches are still landing, then commit what the others landed."""
             offsets: dict[tuple[str, int], int] = {}
-            while inflight:
-                offsets.update(await inflight.pop(0))
+            while len(inflight) > keep or (inflight and all(t.done() for t in inflight[0])):
+                for task in inflight.pop(0):
+                    offsets.update(await task)
             if not offsets:
                 return
             try:
@@ -262,6 +303,8 @@ class Stage1:
 
         class Rebalance(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: Any) -> None:
+                inflight.append([stage1._land(stage1.aged_blocks(partitions={(tp.topic, tp.partition)
+                                                                              for tp in revoked}))])
                 await settle()
                 await stage1.publish_partials()  # what was folded from them goes out before they move
                 for tp in revoked:
@@ -291,6 +334,9 @@ class Stage1:
                 fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
                                                  max_records=s.ingest_batch_max)
                 if not fetched:
+                    aged = self.aged_blocks()
+                    if aged:
+                        inflight.append([self._land(aged)])
                     await settle()
                     continue
                 by_topic: dict[str, list[Record]] = {}
@@ -298,18 +344,20 @@ class Stage1:
                     by_topic.setdefault(tp.topic, []).extend(
                         Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
                 landing = [await self.handle(classes[topic], records) for topic, records in by_topic.items()]
+                landing.append(self._land(self.aged_blocks()))
                 for tp, messages in fetched.items():
                     highwater = consumer.highwater(tp)
                     if highwater is not None:
                         lag[tp] = max(0, highwater - messages[-1].offset - 1)
                 for topic in classes:
                     metrics.CONSUMER_LAG.labels(topic).set(sum(v for tp, v in lag.items() if tp.topic == topic))
-                await settle()
-                inflight.extend(landing)
+                await settle(keep=s.ingest_landing_depth - 1)
+                inflight.append(landing)
         finally:
             self.consumer = None
-            for task in inflight:
-                task.cancel()
+            for tasks in inflight:
+                for task in tasks:
+                    task.cancel()
             await consumer.stop()
 
     async def publish_partials(self) -> int:

@@ -5,7 +5,8 @@ directly and the agent stays a thin loop around it.
 
 Exactly-once landing rests on three facts kept here:
 
-- a **block** is a run of records of *one* source partition; its rows carry
+- a **block** is a run of records of *one* source partition (consecutive
+  fetches of it gather into one block before landing); its rows carry
   ``block_start``/``block_end`` and its inserts a token made of the topic,
   partition and offset range, so the same block always yields the same
   insert (``insert_deduplication_token`` drops a re-sent one);
@@ -80,6 +81,8 @@ class BlockOutcome:
     duplicates: int = 0
     newest_event_ms: int = 0
     oldest_event_ms: int = 0
+    sealed: bool = False      # a replayed block: lands alone, on exactly its old boundaries
+    opened_at: float = 0.0    # monotonic time it started accumulating (set by the caller)
 
     def token(self, table: str) -> str:
         """Deterministic for the block, so a re-sent insert is dropped by the store."""
@@ -88,6 +91,30 @@ class BlockOutcome:
     @property
     def next_offset(self) -> int:
         return self.end + 1
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) + len(self.dead_letter_rows)
+
+    def follows(self, other: "BlockOutcome") -> bool:
+        return not self.sealed and not other.sealed and self.start > other.end and self.table == other.table
+
+    def absorb(self, later: "BlockOutcome") -> None:
+        """Grow this block by the next one of the same partition (the sink lands thousands of rows at once)."""
+        self.end = later.end
+        self.rows += later.rows
+        self.sources += later.sources
+        self.dead_letter_rows += later.dead_letter_rows
+        if later.newest_event_ms > self.newest_event_ms:
+            self.newest_event_ms = later.newest_event_ms
+        if later.oldest_event_ms and (not self.oldest_event_ms or later.oldest_event_ms < self.oldest_event_ms):
+            self.oldest_event_ms = later.oldest_event_ms
+
+    def landed_rows(self) -> list[bytes]:
+        return with_block(self.rows, self.start, self.end)
+
+    def landed_dead_letters(self) -> list[bytes]:
+        return with_block(self.dead_letter_rows, self.start, self.end)
 
 
 def event_time_text(ms: int) -> str:
@@ -99,16 +126,20 @@ def event_time_text(ms: int) -> str:
     return f"{ms // 1000:010d}.{ms % 1000:03d}"
 
 
-def _position(doc: dict[str, Any], rec: Record, start: int, end: int) -> bytes:
+def _position(doc: dict[str, Any], rec: Record) -> bytes:
     doc["source_topic"] = rec.topic
     doc["source_partition"] = rec.partition
     doc["source_offset"] = rec.offset
-    doc["block_start"] = start
-    doc["block_end"] = end
     return orjson.dumps(doc)
 
 
-def row(event: Event, rec: Record, start: int, end: int) -> bytes:
+def with_block(rows: list[bytes], start: int, end: int) -> list[bytes]:
+    """Rows as landed: each names the block it landed in (known only once the block is complete)."""
+    suffix = f',"block_start":{start},"block_end":{end}}}'.encode()
+    return [r[:-1] + suffix for r in rows]
+
+
+def row(event: Event, rec: Record) -> bytes:
     if isinstance(event, AdmissionSignal):
         doc = event.row()
         doc["issued_at"] = event_time_text(doc["issued_at"])
@@ -116,7 +147,7 @@ def row(event: Event, rec: Record, start: int, end: int) -> bytes:
     else:
         doc = as_dict(event)
     doc["event_time"] = event_time_text(event.event_time)
-    return _position(doc, rec, start, end)
+    return _position(doc, rec)
 
 
 def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) -> tuple[bytes, bytes, bytes]:
@@ -124,31 +155,30 @@ def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) ->
     rec = out.sources[index]
     key, letter = dead_letter(Rejected("store_rejected", detail[:1024]), rec.value, rec.key, rec.topic,
                               rec.partition, rec.offset, rec.timestamp_ms, now_ms)
-    return key, letter, dead_letter_row(letter, rec, out.start, out.end)
+    return key, letter, with_block([dead_letter_row(letter, rec)], out.start, out.end)[0]
 
 
-def dead_letter_row(letter: bytes, rec: Record, start: int, end: int) -> bytes:
+def dead_letter_row(letter: bytes, rec: Record) -> bytes:
     doc = orjson.loads(letter)
     del doc["schema_version"]
     doc["event_time"] = event_time_text(doc["event_time"])
     if doc["source_timestamp"] is not None:
         doc["source_timestamp"] = event_time_text(doc["source_timestamp"])
-    return _position(doc, rec, start, end)
+    return _position(doc, rec)
 
 
 def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                  seen: RecentIds | None = None) -> BlockOutcome:
+                  seen: RecentIds | None = None, sealed: bool = False) -> BlockOutcome:
     """Decode one block (records of one partition, in offset order)."""
     first = records[0]
-    start, end = first.offset, records[-1].offset
-    out = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, start, end)
+    out = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, first.offset, records[-1].offset, sealed=sealed)
     for rec in records:
         result = decode(cls, rec.value, rec.key, max_bytes)
         if isinstance(result, Rejected):
             key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
                                       rec.timestamp_ms, now_ms)
             out.dead_letters.append((key, letter))
-            out.dead_letter_rows.append(dead_letter_row(letter, rec, start, end))
+            out.dead_letter_rows.append(dead_letter_row(letter, rec))
             out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
             continue
         if seen is not None:
@@ -156,7 +186,7 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
                 out.duplicates += 1
                 continue
             seen.add(result.event_id)
-        out.rows.append(row(result, rec, start, end))
+        out.rows.append(row(result, rec))
         out.sources.append(rec)
         out.events.append(result)
         if result.event_time > out.newest_event_ms:
@@ -179,7 +209,8 @@ class PartitionCursor:
         self.replay = replay
         self.held: list[Record] = []
 
-    def cut(self, records: list[Record]) -> list[list[Record]]:
+    def cut(self, records: list[Record]) -> list[tuple[list[Record], bool]]:
+        """Blocks of records, each with whether it is the replayed (sealed) one."""
         pending = self.held + records
         self.held = []
         if not pending:
@@ -193,8 +224,8 @@ class PartitionCursor:
                 return []
             self.replay = None
             if inside:
-                blocks.append(inside)
+                blocks.append((inside, True))
             pending = pending[len(inside):]
         if pending:
-            blocks.append(pending)
+            blocks.append((pending, False))
         return blocks

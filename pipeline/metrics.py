@@ -30,7 +30,8 @@ EVENTS_DEAD_LETTERED = Counter("sluice_events_dead_lettered_total",
                                "Events sent to the dead-letter topic, by source topic and reason.",
                                ["topic", "reason"], registry=REGISTRY)
 INGEST_BATCH_SECONDS = Histogram("sluice_ingest_batch_seconds",
-                                 "Time to decode, dead-letter and land one stage-1 batch.", ["topic"],
+                                 "Time to decode, dead-letter and fold one stage-1 batch (landing follows).",
+                                 ["topic"],
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=REGISTRY)
 SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by table.", ["table"], registry=REGISTRY)

@@ -68,13 +68,23 @@ class Settings:
     query_max_rows: int = field(default=10000, metadata=_doc(
         "Most rows /query and `sluice query` return; longer results are cut and marked truncated.",
         min=1, max=10_000_000))
-    ingest_batch_max: int = field(default=5000, metadata=_doc(
+    ingest_batch_max: int = field(default=2000, metadata=_doc(
         "Most events stage 1 decodes and lands as one batch.", min=1, max=100000))
     ingest_batch_within_s: float = field(default=0.25, metadata=_doc(
         "Longest stage 1 waits to fill a batch, seconds.", min=0.001, max=60))
     max_event_bytes: int = field(default=1048576, metadata=_doc(
         "Largest accepted event value, bytes; larger ones are dead-lettered.",
         min=1024, max=16777216))
+    ingest_landing_depth: int = field(default=2, metadata=_doc(
+        "Batches stage 1 lets land in ClickHouse while it decodes and folds the next: more keeps the picture "
+        "fresh while inserts are slow, at the cost of memory (each is up to `ingest_batch_max` events).",
+        min=1, max=16))
+    sink_block_rows: int = field(default=5000, metadata=_doc(
+        "Rows a source partition's block gathers before it lands as one insert (ClickHouse: thousands of "
+        "rows per insert).", min=1, max=1_000_000))
+    sink_block_age_s: float = field(default=1.0, metadata=_doc(
+        "Longest a block gathers rows before it lands, seconds: the bound on landing lag it adds "
+        "(0 lands every fetched batch at once).", min=0, max=60))
     dedup_recent_ids: int = field(default=20000, metadata=_doc(
         "Event ids per source partition stage 1 remembers to drop a re-sent event (a producer retry) "
         "before it lands; rebuilt from the store after a restart.", min=0, max=10_000_000))

@@ -37,7 +37,7 @@ class MemoryTopic:
 @pytest.fixture
 def app(tmp_path):
     settings = load_settings(env={}, kafka_bootstrap_servers="127.0.0.1:9", state_dir=str(tmp_path),
-                             app_id="sluice-agent-test")
+                             app_id="sluice-agent-test", sink_block_age_s=0)  # land every batch at once
     app = create_app(settings)
     app.finalize()
     app.conf.store = "memory://"
@@ -197,3 +197,35 @@ def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_land(app):
     letter = orjson.loads(value)
     assert letter["reason"] == "store_rejected" and key == b"raw/0/2"
     assert orjson.loads(app.stage1.sink.rows["dead_letters"][0])["source_offset"] == 2
+
+
+def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetch(app):
+    from dataclasses import replace
+
+    class CountingSink(MemorySink):
+        def __init__(self):
+            super().__init__()
+            self.inserts = []
+
+        async def land(self, table, rows, dedup_token):
+            if rows:
+                self.inserts.append((table, dedup_token, len(rows)))
+            await super().land(table, rows, dedup_token)
+
+    app.stage1.sink = CountingSink()
+    app.stage1.settings = replace(app.stage1.settings, sink_block_rows=6, sink_block_age_s=60)
+    events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(8)]
+    recs = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+
+    async def scenario():
+        first = await (await app.stage1.handle(RequestEvent, recs[:3]))
+        second = await (await app.stage1.handle(RequestEvent, recs[3:6]))
+        third = await (await app.stage1.handle(RequestEvent, recs[6:]))
+        return first, second, third
+
+    first, second, third = asyncio.run(scenario())
+    assert first == {} and third == {}, "nothing is committed before it lands"
+    assert second == {("raw", 0): 6}
+    assert app.stage1.sink.inserts == [("request_events", "request_events:raw/0/0-5", 6)]
+    assert ("raw", 0) in app.stage1.open_blocks and app.stage1.open_blocks[("raw", 0)].start == 6
+    assert app.stage1.publish_partials is not None and app.stage1.builders, "folded at once, landed later"

@@ -40,7 +40,7 @@ def test_server_backend_runs_the_same_sql_and_lands_exactly_once():
         out = process_block(RequestEvent, [Record(topic, 0, i, None, e["task_id"].encode(), orjson.dumps(e))
                                            for i, e in enumerate(events)], 1 << 20, 0)
         for _ in range(2):
-            store.insert(out.table, b"\n".join(out.rows), out.token(out.table))
+            store.insert(out.table, b"\n".join(out.landed_rows()), out.token(out.table))
         n, = store.query(f"SELECT count() AS n FROM request_events WHERE source_topic = '{topic}'")
         assert n == {"n": 5}
         with pytest.raises(StoreQueryError):

@@ -14,13 +14,14 @@ def test_block_splits_into_rows_and_dead_letters_carrying_position_and_token():
                Record("raw", 3, 11, 1_700_000_000_123, b"task-1", b"{oops"),
                Record("raw", 3, 12, 1, None, orjson.dumps(good))]
     out = process_block(RequestEvent, records, 1 << 20, now_ms=42)
-    row, = [orjson.loads(r) for r in out.rows]
+    assert b"block_start" not in out.rows[0], "known only when the block is complete"
+    row, = [orjson.loads(r) for r in out.landed_rows()]
     assert row["event_id"] == good["event_id"] and row["event_time"] == event_time_text(good["event_time"])
     assert (row["source_topic"], row["source_partition"], row["source_offset"]) == ("raw", 3, 10)
     assert (row["block_start"], row["block_end"]) == (10, 12)
     assert out.reasons == {"malformed_json": 1, "null_key": 1}
     assert [k for k, _ in out.dead_letters] == [b"raw/3/11", b"raw/3/12"]
-    letters = [orjson.loads(r) for r in out.dead_letter_rows]
+    letters = [orjson.loads(r) for r in out.landed_dead_letters()]
     assert [(d["source_offset"], d["block_start"], d["block_end"]) for d in letters] == [(11, 10, 12), (12, 10, 12)]
     assert letters[0]["source_timestamp"] == "1700000000.123" and "schema_version" not in letters[0]
     assert out.token("request_events") == "request_events:raw/3/10-12"
@@ -61,15 +62,17 @@ def recs(offsets):
 
 
 def test_cursor_without_replay_makes_one_block_of_what_arrived():
-    assert [[r.offset for r in b] for b in PartitionCursor().cut(recs([5, 6, 7]))] == [[5, 6, 7]]
+    assert [([r.offset for r in b], sealed) for b, sealed in PartitionCursor().cut(recs([5, 6, 7]))] == [
+        ([5, 6, 7], False)]
 
 
 def test_cursor_replays_the_last_landed_block_on_its_old_boundaries():
     cursor = PartitionCursor((10, 14))
     assert cursor.cut(recs([10, 11])) == []  # incomplete: held
     blocks = cursor.cut(recs([12, 13, 14, 15, 16]))
-    assert [[r.offset for r in b] for b in blocks] == [[10, 11, 12, 13, 14], [15, 16]]
-    assert [[r.offset for r in b] for b in cursor.cut(recs([17]))] == [[17]]
+    assert [([r.offset for r in b], sealed) for b, sealed in blocks] == [([10, 11, 12, 13, 14], True),
+                                                                      ([15, 16], False)]
+    assert [[r.offset for r in b] for b, _ in cursor.cut(recs([17]))] == [[17]]
 
 
 @given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10))
@@ -79,7 +82,7 @@ def test_cursor_replay_is_independent_of_how_kafka_batches_the_records(sizes):
     for size in sizes * 10:
         if i >= len(offsets):
             break
-        blocks += cursor.cut(recs(offsets[i:i + size]))
+        blocks += [b for b, _ in cursor.cut(recs(offsets[i:i + size]))]
         i += size
     assert [r.offset for r in blocks[0]] == list(range(100, 120)) if i >= 20 else blocks == []
     assert [r.offset for b in blocks for r in b] == offsets[:len([r for b in blocks for r in b])]

@@ -28,7 +28,7 @@ def block(start, n, partition=0, topic="raw", **fields):
 
 def land(store, out):
     """As the sink does: the block's dead letters, then its rows, each with the block's token."""
-    for table, rows in (("dead_letters", out.dead_letter_rows), (out.table, out.rows)):
+    for table, rows in (("dead_letters", out.landed_dead_letters()), (out.table, out.landed_rows())):
         if rows:
             store.insert(table, b"\n".join(rows), out.token(table))
 
