@@ -14,7 +14,6 @@ of a piecewise-constant rate, so a spike keeps the source's burst structure.
 
 from __future__ import annotations
 
-import bisect
 import random
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -31,10 +30,6 @@ class RateSchedule:
     def __post_init__(self) -> None:
         if not self.segments or self.segments[0][0] != 0 or any(r < 0 for _, r in self.segments):
             raise ValueError("rate schedule starts at 0 with non-negative rates")
-
-    def rate_at(self, t: float) -> float:
-        i = bisect.bisect_right([s for s, _ in self.segments], t) - 1
-        return self.segments[max(0, i)][1]
 
     def invert(self, mass: float) -> float:
         """The time at which the expected number of arrivals reaches ``mass`` (inf if never)."""

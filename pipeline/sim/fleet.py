@@ -28,7 +28,6 @@ from .arrivals import Arrival
 from .replay import TENANTS, pick_priority
 from .replica import Hardware, Replica, Sequence
 
-TERMINAL_OUTCOMES = ("completed", "failed", "rejected", "deferred")
 STEP_WEIGHTS = (1, 1, 1, 2, 2, 3, 4)   # steps per task, drawn uniformly from this list
 MAX_CONTEXT = 16_384
 
@@ -83,7 +82,6 @@ class Task:
     steps: list[tuple[int, int]]           # (new input tokens, output tokens) per step
     step: int = 0
     attempt: int = 0                       # attempts of the current step
-    deferrals: int = 0
     context: int = 0                       # prompt of the current step
     replica: Replica | None = None         # where the previous step ran (warm prefix cache)
     outcome: str | None = None             # completed | failed | rejected | deferred
@@ -248,7 +246,6 @@ class FleetSim:
         base = self._base_event(task, request_id, task.attempt + 1)
         self._emit(base | {"phase": "received"})
         if isinstance(verdict, Defer):
-            task.deferrals += 1
             task.waiting_verdict = True
             self._emit(base | {"phase": "deferred"})
             self._at(self.now + verdict.retry_after_s, self._start_attempt, task)

@@ -54,7 +54,6 @@ class Sequence:
     active: bool = True       # False once finished or aborted: lazy removal from heap and queue
     running: bool = False
     planned: bool = False     # admitted into the step in progress
-    too_long: bool = False    # its context can never fit this replica's cache
 
     def context(self) -> int:
         return self.prompt_tokens + self.generated
@@ -90,7 +89,6 @@ class Replica:
         self.generation_tokens_total = 0
         self.prefix_hits_total = 0
         self.prefix_queries_total = 0
-        self.busy_seconds = 0.0
 
     # -- observation ---------------------------------------------------------------------------------
 
@@ -167,7 +165,6 @@ class Replica:
             if need > free:
                 if need > cap * (1 - self.hw.kv_watermark):
                     head.active = False
-                    head.too_long = True
                     self.waiting.popleft()
                     self.waiting_count -= 1
                     self._too_long.append(head)
@@ -190,7 +187,6 @@ class Replica:
         batch = len(self.running) + len(planned)
         duration = self.hw.decode_base_s + self.hw.decode_per_seq_s * batch + prefill / self.hw.prefill_tokens_per_s
         self.busy = True
-        self.busy_seconds += duration
         return duration
 
     def finish_step(self) -> StepResult:
