@@ -302,7 +302,7 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
     figures = {"ingest": bench_ingest(settings, events, work_dir),
-               "landing": bench_landing(events, settings.ingest_batch_max, work_dir),
+               "landing": bench_landing(events, settings.sink_block_rows, work_dir),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
                "router_decide": bench_decide()}
     if as_json:
