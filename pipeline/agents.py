@@ -344,7 +344,6 @@ class Stage1:
                     by_topic.setdefault(tp.topic, []).extend(
                         Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
                 landing = [await self.handle(classes[topic], records) for topic, records in by_topic.items()]
-                landing.append(self._land(self.aged_blocks()))
                 for tp, messages in fetched.items():
                     highwater = consumer.highwater(tp)
                     if highwater is not None:

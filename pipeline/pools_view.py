@@ -49,7 +49,7 @@ def format_table(pictures: dict[str, dict[str, Any]], use_colour: bool) -> str:
     return "\n".join(lines)
 
 
-def _absorb(pictures: dict, batch: dict) -> None:
+def absorb(pictures: dict, batch: dict) -> None:
     for messages in batch.values():
         for message in messages:
             if message.value is None:
@@ -63,7 +63,7 @@ async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float =
     consumer, ends = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
     pictures: dict[str, dict] = {}
     try:
-        await read_to_end(consumer, ends, lambda batch: _absorb(pictures, batch), timeout_s)
+        await read_to_end(consumer, ends, lambda batch: absorb(pictures, batch), timeout_s)
     finally:
         await consumer.stop()
     return pictures
@@ -79,7 +79,7 @@ async def top(settings: Settings, bootstrap: str, refresh_s: float = 1.0, iterat
         while iterations is None or drawn < iterations:
             deadline = time.monotonic() + refresh_s
             while time.monotonic() < deadline:
-                _absorb(pictures, await consumer.getmany(timeout_ms=100))
+                absorb(pictures, await consumer.getmany(timeout_ms=100))
             stamp = time.strftime("%H:%M:%S")
             sys.stdout.write(("\033[H\033[2J" if use_colour else "") + f"sluice top — {stamp}\n\n"
                              + format_table(pictures, use_colour) + "\n")

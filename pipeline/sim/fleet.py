@@ -255,7 +255,7 @@ class FleetSim:
         if task.last_shed:
             retry_after = getattr(verdict, "retry_after_s", 1.0)
             final = task.attempt >= self.client.max_attempts
-            self._emit(base | self._terminal("rejected", final, error="rejected"))
+            self._emit(base | self._terminal("rejected", final, task, error="rejected"))
             if final:
                 self._end(task, "rejected")
             else:
@@ -264,7 +264,7 @@ class FleetSim:
         replica = self._choose_replica(task)
         if replica is None:
             final = task.attempt >= self.client.max_attempts
-            self._emit(base | self._terminal("failed", final, error="no_replica"))
+            self._emit(base | self._terminal("failed", final, task, error="no_replica"))
             self._after_failure(task, final)
             return
         self.stats.admitted += 1
@@ -355,7 +355,7 @@ class FleetSim:
         self.stats.wasted_tokens += seq.recomputed_tokens
         last_step = task.step == len(task.steps) - 1
         self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
-            "completed", last_step, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
+            "completed", last_step, task, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
             cached=seq.cached_tokens, output=seq.output_tokens, ttft=ttft, tpot=tpot, duration=duration))
         task.replica = attempt.replica
         if last_step:
@@ -381,7 +381,7 @@ class FleetSim:
         task, seq = attempt.task, attempt.seq
         self.stats.wasted_tokens += self._work(attempt)
         self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
-            phase, final, error=error, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
+            phase, final, task, error=error, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
             cached=seq.cached_tokens, output=seq.generated, duration=self.now - attempt.sent_s))
         self._after_failure(task, final)
 
@@ -439,11 +439,12 @@ class FleetSim:
                 "request_id": request_id, "attempt": attempt, "tenant": task.tenant, "priority": task.priority,
                 "pool": self.pool, "model": self.model}
 
-    def _terminal(self, phase: str, final: bool, error: str | None = None, replica: str | None = None,
+    def _terminal(self, phase: str, final: bool, task: Task, error: str | None = None, replica: str | None = None,
                   input_tokens: int = 0, cached: int = 0, output: int = 0, ttft: float | None = None,
                   tpot: float | None = None, duration: float = 0.0) -> dict:
         event = {"phase": phase, "task_final": final, "input_tokens": input_tokens, "cached_input_tokens": cached,
-                 "output_tokens": output, "duration_s": round(duration, 6), "slo_ttft_s": 0.0,
+                 "output_tokens": output, "duration_s": round(duration, 6),
+                 "slo_ttft_s": self.client.slo(task.priority),
                  "slo_tpot_s": 0.2}
         if replica is not None:
             event["replica_id"] = replica
@@ -460,8 +461,6 @@ class FleetSim:
         if kind == "request":
             event["event_id"] = self._uuid()
             event["event_time"] = self.event_time_ms()
-            if "slo_ttft_s" in event:
-                event["slo_ttft_s"] = self.client.slo(event["priority"])
         self.controller.observe(kind, event)
         if self.emit_to is not None:
             self.stats.published += 1

@@ -19,7 +19,7 @@ import orjson
 
 from .. import topics
 from ..admission.keyring import active_key
-from ..pools_view import _absorb, format_table
+from ..pools_view import absorb, format_table
 from ..router import Request, RouterClient, Verdict
 from ..settings import Settings
 from ..topic_reader import open_from_beginning
@@ -90,7 +90,7 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
                 for cls, fraction in signal["admit_fraction"].items():
                     controller.lowest_admit[cls] = min(fraction, controller.lowest_admit.get(cls, 1.0))
             if now >= next_display:
-                _absorb(pictures, await follower.getmany(timeout_ms=10))
+                absorb(pictures, await follower.getmany(timeout_ms=10))
                 if display is not None:
                     display(now, sim, pictures)
                 next_display = now + display_every_s

@@ -92,13 +92,10 @@ def timeline(sim: "FleetSim", until_s: float, window_s: int = 10) -> dict[str, l
             out.append((float(i), total / min(i + 1, window_s)))
         return out
 
-    successes = [rows.get(s, {}).get("slo_successes", 0.0) for s in seconds]
-    decided = [rows.get(s, {}).get("decisions", 0.0) for s in seconds]
-    admitted = [rows.get(s, {}).get("admitted", 0.0) for s in seconds]
-    admit_share, d_sum, a_sum = [], 0.0, 0.0
-    for i in seconds:
-        d_sum += decided[i] - (decided[i - window_s] if i >= window_s else 0.0)
-        a_sum += admitted[i] - (admitted[i - window_s] if i >= window_s else 0.0)
-        admit_share.append((float(i), a_sum / d_sum if d_sum else 1.0))
+    def per_second(key: str) -> list[float]:
+        return [rows.get(s, {}).get(key, 0.0) for s in seconds]
+
+    decided, admitted = moving(per_second("decisions")), moving(per_second("admitted"))
+    admit_share = [(t, a / d if d else 1.0) for (t, d), (_, a) in zip(decided, admitted)]
     kv = [(float(s), rows.get(s, {}).get("kv_usage", 0.0)) for s in seconds]
-    return {"slo_goodput": moving(successes), "admit_fraction": admit_share, "kv_usage": kv}
+    return {"slo_goodput": moving(per_second("slo_successes")), "admit_fraction": admit_share, "kv_usage": kv}

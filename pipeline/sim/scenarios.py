@@ -47,6 +47,10 @@ class Scenario:
     long_context_from_s: float | None = None
     client: ClientPolicy = field(default_factory=ClientPolicy)
 
+    def lost(self, replicas: int) -> int:
+        """Replicas this scenario takes down, of ``replicas``."""
+        return math.ceil(self.lose_fraction * replicas - 1e-9)
+
 
 SCENARIOS = {s.name: s for s in (
     Scenario("steady", "0.7× SLO capacity throughout", 0.7),
@@ -137,7 +141,7 @@ def controllers(settings: Settings, seed: int) -> dict[str, Callable[[], object]
 
 def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, emit=None,
               start_ms: int = START_MS) -> FleetSim:
-    lost = math.ceil(scenario.lose_fraction * fleet.replicas - 1e-9)
+    lost = scenario.lost(fleet.replicas)
     events = (FleetEvent(scenario.lose_at_s, lost, scenario.back_at_s),) if lost else ()
     return FleetSim(POOL, fleet.replicas, fleet.hardware,
                     _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s), controller,
@@ -154,7 +158,7 @@ def run_scenario(scenario: Scenario, controller, fleet: Fleet = Fleet(), capacit
 
 def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
     """The SLO capacity for the replicas alive during the scenario's hardest stretch."""
-    alive = fleet.replicas - math.ceil(scenario.lose_fraction * fleet.replicas - 1e-9)
+    alive = fleet.replicas - scenario.lost(fleet.replicas)
     return slo_capacity(fleet, alive)
 
 

@@ -87,12 +87,11 @@ def apply_retention(store: Store, days: int) -> list[str]:
 
 def sync_reference(store: Store, prices: dict[str, float], config: dict[str, float]) -> None:
     """Mirror the price table and the settings the views use; the settings stay the one source."""
-    for table, values in (("gpu_prices", prices), ("sluice_config", config)):
-        rows = b"\n".join(orjson.dumps({"hardware" if table == "gpu_prices" else "name": name,
-                                        "usd_per_gpu_hour" if table == "gpu_prices" else "value": float(value)})
-                          for name, value in sorted(values.items()))
-        if rows:
-            store.insert(table, rows)
+    for table, key, value_column, values in (("gpu_prices", "hardware", "usd_per_gpu_hour", prices),
+                                             ("sluice_config", "name", "value", config)):
+        if values:
+            store.insert(table, b"\n".join(orjson.dumps({key: name, value_column: float(value)})
+                                           for name, value in sorted(values.items())))
 
 
 def prepare_store(store: Store, settings: Settings) -> list[str]:

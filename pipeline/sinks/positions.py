@@ -8,9 +8,8 @@ in ``dead_letters`` (a block lands its dead letters first, then its rows).
 
 from __future__ import annotations
 
+from ..ingest import DEAD_LETTER_TABLE
 from .store import Store
-
-DEAD_LETTER_TABLE = "dead_letters"
 
 
 def _where(topic: str, partition: int) -> str:
