@@ -1,0 +1,72 @@
+"""The per-request decision: from memory, no I/O, so a router can call it on every request."""
+
+from __future__ import annotations
+
+import bisect
+import random
+import time
+
+from .signal_book import SignalBook
+from .sliding_counts import SlidingCounts
+from .throttle import AdaptiveThrottle
+from .verdicts import ADMIT, Defer, Redirect, Reject, Request, Verdict
+
+
+class Decider:
+    """``decide(request)`` from the signal book, with a seedable RNG and an injectable clock."""
+
+    def __init__(self, book: SignalBook, seed: int | None = None, fallback_static_s: float = 30.0,
+                 throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time) -> None:
+        self.book = book
+        self.rng = random.Random(seed)
+        self.fallback_static_s = fallback_static_s
+        self.clock = clock
+        self.throttle = AdaptiveThrottle(throttle_k, window_s)
+        self.attempts = SlidingCounts(window_s)   # attempts, retries (for the local retry budget)
+
+    def record(self, accepted: bool) -> None:
+        """The backend's answer to a request this router sent (feeds adaptive throttling)."""
+        self.throttle.record(self.clock(), accepted)
+
+    def decide(self, request: Request) -> Verdict:
+        now = self.clock()
+        signal = self.book.signals.get(request.pool)
+        if signal is not None and now * 1000 > signal["valid_until"] + self.fallback_static_s * 1000:
+            signal = None  # expired beyond the fail-static grace: fall back
+        if signal is None:
+            return self._throttle(now)
+        # the retry budget is for the cascade (retries after timeouts and failures); a retry that answers
+        # our own shedding is judged by the admit fraction like any request, or shed work could never return
+        budgeted = request.retry and not request.after_shed
+        self.attempts.add(now, 1, 1 if budgeted else 0)
+        if budgeted:
+            attempts, retries = self.attempts.totals(now)
+            if retries > signal["retry_budget"] * attempts:
+                return Reject(1.0, "retry_budget")
+        slo = request.slo_ttft_s
+        if slo is not None and signal["max_predicted_wait_s"] > slo:
+            return self._elsewhere(signal, slo, "predicted_wait")
+        fractions = signal["continuing_task_admit_fraction" if request.continuing else "admit_fraction"]
+        if self.rng.random() < fractions[request.priority]:
+            return ADMIT
+        if request.priority in signal["defer"]["classes"]:
+            return Defer(signal["defer"]["retry_after_s"])
+        return self._elsewhere(signal, slo, "shed")
+
+    def _elsewhere(self, signal: dict, slo: float | None, reason: str) -> Verdict:
+        """Move the work if a sibling has headroom and its cold prefill still fits the SLO; else reject."""
+        options = [r for r in signal["redirect"] if slo is None or r["cold_prefill_cost_s"] < slo]
+        if options:
+            cumulative, total = [], 0.0
+            for option in options:
+                total += option["weight"]
+                cumulative.append(total)
+            pick = bisect.bisect_right(cumulative, self.rng.random() * total)
+            return Redirect(options[min(pick, len(options) - 1)]["pool"])
+        return Reject(max(1.0, signal["defer"]["retry_after_s"]), reason)
+
+    def _throttle(self, now: float) -> Verdict:
+        p_reject = self.throttle.reject_probability(now)
+        if self.rng.random() < p_reject:
+            return Reject(1.0, "client_throttle")
+        return ADMIT

@@ -1,0 +1,123 @@
+"""The router library's Kafka side: follow the admission topic, publish RequestEvents.
+
+aiokafka (through ``topic_reader``) is imported inside the methods that talk to the broker, so
+importing ``pipeline.router`` costs no Kafka import until a client is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping
+
+import orjson
+
+from .. import topics
+from ..settings import Settings
+from .decider import Decider
+from .signal_book import SignalBook
+from .verdicts import Request, Verdict
+
+log = logging.getLogger(__name__)
+
+
+class RouterClient:
+    """Follows sluice.admission.v1 and answers ``decide`` from memory (no I/O per request)."""
+
+    def __init__(self, settings: Settings, bootstrap: str, keys: Mapping[str, bytes], seed: int | None = None,
+                 fallback_static_s: float = 30.0) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.book = SignalBook(keys)
+        self.decider = Decider(self.book, seed=seed, fallback_static_s=fallback_static_s)
+        self._task: asyncio.Task | None = None
+        self._consumer: Any = None
+
+    def decide(self, request: Request) -> Verdict:
+        return self.decider.decide(request)
+
+    def record(self, accepted: bool) -> None:
+        self.decider.record(accepted)
+
+    async def start(self) -> None:
+        """Read the compacted topic to its end (every pool's newest signal), then follow it."""
+        from ..topic_reader import open_from_beginning, read_to_end
+
+        consumer, ends = await open_from_beginning(self.bootstrap, topics.ADMISSION.name(self.settings))
+        await read_to_end(consumer, ends, self._absorb)
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._follow())
+
+    def _absorb(self, batch: dict) -> None:
+        for messages in batch.values():
+            for message in messages:
+                self.book.offer(message.value)
+
+    async def _follow(self) -> None:
+        while True:
+            self._absorb(await self._consumer.getmany(timeout_ms=500))
+
+    async def stop(self) -> None:
+        from ..topic_reader import cancel
+
+        await cancel(self._task)
+        if self._consumer:
+            await self._consumer.stop()
+
+
+class EventEmitter:
+    """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts."""
+
+    def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=buffer)
+        self.batch = batch
+        self.dropped = 0
+        self.sent = 0
+        self._task: asyncio.Task | None = None
+        self._producer: Any = None
+
+    def emit(self, event: dict) -> bool:
+        try:
+            self.queue.put_nowait(event)
+            return True
+        except asyncio.QueueFull:
+            self.dropped += 1
+            from ..metrics import ROUTER_EVENTS_DROPPED
+
+            ROUTER_EVENTS_DROPPED.inc()
+            return False
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20, acks="all",
+                                          enable_idempotence=True)
+        await self._producer.start()
+        self._task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        topic = topics.REQUESTS.name(self.settings)
+        while True:
+            events = [await self.queue.get()]
+            while len(events) < self.batch and not self.queue.empty():
+                events.append(self.queue.get_nowait())
+            futures = [await self._producer.send(topic, orjson.dumps(e), key=e["task_id"].encode()) for e in events]
+            await asyncio.gather(*futures)
+            self.sent += len(events)
+            for _ in events:
+                self.queue.task_done()
+
+    async def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Deliver what is buffered (up to ``drain_timeout_s``), then stop."""
+        from ..topic_reader import cancel
+
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self.queue.join(), drain_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("emitter stopped with %d events undelivered", self.queue.qsize())
+        await cancel(self._task)
+        if self._producer:
+            await self._producer.stop()

@@ -1,0 +1,30 @@
+"""A pair of counters over a sliding time window, for the retry budget and the fallback throttle."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class SlidingCounts:
+    """Counts per second over the last ``window_s`` seconds (clock passed in)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.buckets: deque[list] = deque()  # [second, a, b]
+
+    def add(self, now_s: float, a: int = 0, b: int = 0) -> None:
+        second = int(now_s)
+        if self.buckets and self.buckets[-1][0] == second:
+            self.buckets[-1][1] += a
+            self.buckets[-1][2] += b
+        else:
+            self.buckets.append([second, a, b])
+        self._trim(now_s)
+
+    def totals(self, now_s: float) -> tuple[int, int]:
+        self._trim(now_s)
+        return sum(x[1] for x in self.buckets), sum(x[2] for x in self.buckets)
+
+    def _trim(self, now_s: float) -> None:
+        while self.buckets and self.buckets[0][0] <= now_s - self.window_s:
+            self.buckets.popleft()
