@@ -7,22 +7,27 @@ merged; windows are the whole seconds before the watermark's second
 older than the watermark by more than ``allowed_lateness_s`` is closed: data
 for it is counted as late and left out. Partials are deduplicated by id, so a redelivered one is not
 counted twice.
+
+``PoolState.picture`` gives the typed ``LoadPicture``; ``PoolState.snapshot``
+its wire form, published on sluice.load.v1 (schema ``schemas/load_picture.v1.json``)
+and read back with ``read_picture``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import cost
-from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
-from .partial import Partial
-from ..events import PRIORITIES
-from .profiles import Profile
-from .sketch import QuantileSketch
+import orjson
 
-PRESSURE_CAP = 10.0  # pressure when a limit is zero (no capacity left) or a cost is unbounded
-AXES = ("demand", "queue", "kv_cache", "compute", "latency", "errors", "cost")
+from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
+from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
+from .partial import Partial
+from .profiles import Profile
+
+__all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
+
 MAX_MODELS = 16  # models remembered per pool (for finding sibling pools), bounded against bad data
 
 
@@ -34,14 +39,6 @@ class PictureConfig:
     cost_window_s: int
     allowed_lateness_s: float
     stale_after_s: float
-
-
-def pressure(value: float | None, limit: float) -> float:
-    if value is None or value <= 0:
-        return 0.0
-    if limit <= 0:
-        return PRESSURE_CAP
-    return min(PRESSURE_CAP, value / limit)
 
 
 class PoolState:
@@ -137,14 +134,7 @@ class PoolState:
                     sums[name] += value
         return sums
 
-    def snapshot(self, config: PictureConfig) -> dict[str, Any]:
-        """The picture as published on sluice.load.v1 and served at /pools."""
-        p = config.profile
-        fast, slow = config.fast_window_s, config.cost_window_s
-        req = self._requests_in(fast)
-        req_slow = self._requests_in(slow)
-        c = req.counts
-
+    def _replica_classes(self, config: PictureConfig) -> Replicas:
         fresh, stale, unhealthy = [], [], []
         for replica_id, agg in sorted(self.replicas.items()):
             latest = agg.latest
@@ -154,122 +144,43 @@ class PoolState:
                 unhealthy.append(replica_id)
             else:
                 fresh.append(replica_id)
-        n_fresh = len(fresh)
-        sums = {r: self._replica_sums(a, fast) for r, a in self.replicas.items()}
-        slow_sums = {r: self._replica_sums(a, slow) for r, a in self.replicas.items()}
-
-        arrival_rps = c["received"] / fast
-        capacity_rps = p.capacity_rps_per_replica * n_fresh
-        demand = {"value": arrival_rps, "limit": capacity_rps, "unit": "req/s",
-                  "detail": {"admitted_rps": c["admitted"] / fast,
-                             # a deferred request asks again with the same attempt number: net it out
-                             "first_attempts_rps": {k: max(0, c["first_" + k] - (c["deferred"] if k == "deferrable"
-                                                                                 else 0)) / fast
-                                                    for k in PRIORITIES},
-                             "input_tokens_per_s": c["input_tokens"] / fast,
-                             "output_tokens_per_s": c["output_tokens"] / fast}}
-
-        waiting = sum(self.replicas[r].latest.requests_waiting for r in fresh + unhealthy)
-        drain_rps = c["completed"] / fast
-        predicted_wait = (waiting / drain_rps if drain_rps else (None if not waiting else float("inf")))
-        queue_sketch = req.sketches.get("queue")
-        queue_p95 = queue_sketch.quantile(0.95) if queue_sketch else None
-        queue_value = max((v for v in (predicted_wait, queue_p95) if v is not None), default=None)
-        queue = {"value": queue_value, "limit": p.queue_wait_fraction * p.slo_ttft_s, "unit": "s",
-                 "detail": {"requests_waiting": waiting, "drain_rps": drain_rps, "predicted_wait_s": predicted_wait,
-                            "queue_p95_s": queue_p95}}
-
         # a replica that just went quiet may still be serving: its cache counts as full; one silent for
         # twice the threshold is presumed gone, and only its capacity is missed (a dead replica would
         # otherwise hold the KV axis up until it is forgotten)
         gone_before = self.watermark_ms - 2 * config.stale_after_s * 1000
         quiet = [r for r in stale if self.replicas[r].latest is not None
                  and self.replicas[r].latest.event_time >= gone_before]
-        usages = [self.replicas[r].latest.kv_cache_usage for r in fresh + unhealthy] + [1.0] * len(quiet)
-        kv_usage = sum(usages) / len(usages) if usages else None
-        preempt_rate = sum(sums[r]["preemptions"] for r in sums) / fast / max(n_fresh, 1)
-        kv = {"value": kv_usage, "limit": p.kv_limit, "unit": "fraction",
-              "detail": {"preemptions_per_s_per_replica": preempt_rate,
-                         "preemption_pressure": pressure(preempt_rate, p.preemptions_per_s_limit)}}
+        return Replicas(tuple(fresh), tuple(unhealthy), tuple(stale), tuple(quiet))
 
-        tokens_per_s = sum(sums[r]["prompt_tokens"] + sums[r]["generation_tokens"] for r in sums) / fast
-        compute = {"value": tokens_per_s, "limit": p.compute_limit * p.peak_tokens_per_s * n_fresh,
-                   "unit": "tokens/s",
-                   "detail": {"prompt_tokens_per_s": sum(sums[r]["prompt_tokens"] for r in sums) / fast,
-                              "generation_tokens_per_s": sum(sums[r]["generation_tokens"] for r in sums) / fast}}
+    def readings(self, config: PictureConfig) -> Readings:
+        """The windows added up at the watermark: what every axis function reads."""
+        fast, slow = config.fast_window_s, config.cost_window_s
+        return Readings(
+            profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
+            requests=self._requests_in(fast), cost_requests=self._requests_in(slow),
+            replicas=self._replica_classes(config),
+            samples={r: a.latest for r, a in self.replicas.items() if a.latest is not None},
+            sums={r: self._replica_sums(a, fast) for r, a in self.replicas.items()},
+            cost_sums={r: self._replica_sums(a, slow) for r, a in self.replicas.items()})
 
-        quantiles = {}
-        for name in ("ttft", "tpot", "queue"):
-            sketch = req.sketches.get(name) or QuantileSketch()
-            quantiles[name] = {q: sketch.quantile(v) for q, v in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}
-        ttft_ratio = (quantiles["ttft"]["p95"] / p.slo_ttft_s) if quantiles["ttft"]["p95"] is not None else None
-        tpot_ratio = (quantiles["tpot"]["p95"] / p.slo_tpot_s) if quantiles["tpot"]["p95"] is not None else None
-        latency_value = max((v for v in (ttft_ratio, tpot_ratio) if v is not None), default=None)
-        latency = {"value": latency_value, "limit": p.latency_limit, "unit": "× SLO",
-                   "detail": {"ttft_p95_s": quantiles["ttft"]["p95"], "tpot_p95_s": quantiles["tpot"]["p95"],
-                              "slo_ttft_s": p.slo_ttft_s, "slo_tpot_s": p.slo_tpot_s}}
+    def picture(self, config: PictureConfig) -> "LoadPicture":
+        """The pool's picture now: every axis in ``AXIS_FUNCTIONS``, with the rates and latencies beside them."""
+        r = self.readings(config)
+        c, fast = r.requests.counts, r.fast_s
+        rates = {"arrival_rps": c["received"] / fast, "admitted_rps": c["admitted"] / fast,
+                 "input_tokens_per_s": c["input_tokens"] / fast, "output_tokens_per_s": c["output_tokens"] / fast,
+                 "goodput_tasks_per_s": r.cost_requests.counts["task_successes"] / r.cost_s,
+                 "completed_rps": c["completed"] / fast}
+        return LoadPicture(
+            pool=self.pool, profile=config.profile.name, models=tuple(sorted(self.models)),
+            watermark_ms=self.watermark_ms, fast_window_s=fast, cost_window_s=r.cost_s,
+            axes={name: axis(r) for name, axis in AXIS_FUNCTIONS.items()}, replicas=r.replicas, rates=rates,
+            latency_s=quantiles(r.requests), late_events=self.late_events,
+            partials_merged=self.partials_merged, duplicate_partials=self.duplicate_partials)
 
-        finished = c["completed"] + c["failed"]
-        failure_rate = c["failed"] / finished if finished else None
-        # retries that answer our own rejections are not the cascade: counting them would make shedding
-        # raise the errors axis, which sheds more (a loop that never lets go)
-        failure_retries = max(0, c["retries"] - c["rejected"])
-        amplification = 1 + failure_retries / c["first_attempts"] if c["first_attempts"] else None
-        error_pressure = max(pressure(failure_rate, p.error_budget),
-                             pressure((amplification or 1.0) - 1.0, p.retry_budget))
-        errors = {"value": failure_rate, "limit": p.error_budget, "unit": "fraction",
-                  "detail": {"retry_amplification": amplification, "retry_budget": p.retry_budget}}
-
-        fleet_cost, unpriced = 0.0, 0.0
-        for replica_id, agg in self.replicas.items():
-            gpu_s = slow_sums[replica_id]["gpu_seconds"]
-            hardware = agg.latest.hardware if agg.latest else ""
-            if hardware in config.prices:
-                fleet_cost += cost.gpu_seconds_cost(gpu_s, config.prices[hardware])
-            else:
-                unpriced += gpu_s
-        successes = req_slow.counts["task_successes"]
-        per_task = cost.cost_per_successful_task(fleet_cost, successes)
-        if per_task is not None:
-            cost_value = per_task
-        elif fleet_cost > 0 and req_slow.counts["received"]:
-            cost_value = float("inf")  # paying for traffic that never succeeds
-        else:
-            cost_value = None  # an idle window: nothing to divide by, nothing to judge
-        cost_axis = {"value": cost_value, "limit": p.cost_budget_per_task, "unit": "$/task",
-                     "detail": {"fleet_cost": fleet_cost, "successful_tasks": successes,
-                                "unpriced_gpu_seconds": unpriced, "window_s": slow}}
-
-        axes = {"demand": demand, "queue": queue, "kv_cache": kv, "compute": compute, "latency": latency,
-                "errors": errors, "cost": cost_axis}
-        for name, axis in axes.items():
-            axis["pressure"] = pressure(axis["value"], axis["limit"])
-        axes["kv_cache"]["pressure"] = max(axes["kv_cache"]["pressure"], kv["detail"]["preemption_pressure"])
-        axes["errors"]["pressure"] = error_pressure
-        for axis in axes.values():
-            axis["value"] = _finite(axis["value"])
-            axis["pressure"] = round(axis["pressure"], 6)
-            axis["detail"] = {k: _finite(v) for k, v in axis["detail"].items()}
-        return {
-            "pool": self.pool,
-            "profile": p.name,
-            "models": sorted(self.models),
-            "watermark_ms": self.watermark_ms,
-            "windows_s": {"fast": fast, "cost": slow},
-            "pressure": max(a["pressure"] for a in axes.values()),
-            "binding_axis": max(AXES, key=lambda a: axes[a]["pressure"]),
-            "axes": axes,
-            "replicas": {"total": len(self.replicas), "fresh": n_fresh, "stale": len(stale),
-                         "unhealthy": len(unhealthy), "stale_ids": stale[:20]},
-            "rates": {"arrival_rps": arrival_rps, "admitted_rps": c["admitted"] / fast,
-                      "input_tokens_per_s": c["input_tokens"] / fast, "output_tokens_per_s": c["output_tokens"] / fast,
-                      "goodput_tasks_per_s": req_slow.counts["task_successes"] / slow,
-                      "completed_rps": drain_rps},
-            "latency_s": {name: {k: _finite(v) for k, v in qs.items()} for name, qs in quantiles.items()},
-            "late_events": self.late_events,
-            "partials_merged": self.partials_merged,
-            "duplicate_partials": self.duplicate_partials,
-        }
+    def snapshot(self, config: PictureConfig) -> dict[str, Any]:
+        """The picture as published on sluice.load.v1 and served at /pools."""
+        return self.picture(config).to_dict()
 
     # -- persistence ---------------------------------------------------------------------------------
 
@@ -294,10 +205,181 @@ class PoolState:
         return state
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no infinity: an unbounded value is reported as None with the axis pressure at the cap."""
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            return None
-        return round(value, 6)
+@dataclass(frozen=True)
+class LoadPicture:
+    """One pool's picture at its watermark: seven axes, the pool's pressure and what it was computed from."""
+
+    pool: str
+    profile: str
+    models: tuple[str, ...]               # sorted; pools that share a model are siblings for redirects
+    watermark_ms: int
+    fast_window_s: int
+    cost_window_s: int
+    axes: Mapping[str, Axis]              # in AXES order
+    replicas: Replicas
+    rates: Mapping[str, float]
+    latency_s: Mapping[str, Mapping[str, float | None]]  # ttft/tpot/queue → p50/p95/p99
+    late_events: int
+    partials_merged: int
+    duplicate_partials: int
+
+    @property
+    def pressure(self) -> float:
+        """The pool's pressure: its largest axis pressure."""
+        return max(a.pressure for a in self.axes.values())
+
+    @property
+    def binding_axis(self) -> str:
+        """The axis that sets the pool's pressure (the first in ``AXES`` on a tie)."""
+        return max(AXES, key=lambda name: self.axes[name].pressure)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (sluice.load.v1, /pools): no infinities, values rounded to 6 places."""
+        return {
+            "pool": self.pool,
+            "profile": self.profile,
+            "models": list(self.models),
+            "watermark_ms": self.watermark_ms,
+            "windows_s": {"fast": self.fast_window_s, "cost": self.cost_window_s},
+            "pressure": self.pressure,
+            "binding_axis": self.binding_axis,
+            "axes": {name: axis.to_dict() for name, axis in self.axes.items()},
+            "replicas": self.replicas.to_dict(),
+            "rates": dict(self.rates),
+            "latency_s": {name: {k: finite(v) for k, v in qs.items()} for name, qs in self.latency_s.items()},
+            "late_events": self.late_events,
+            "partials_merged": self.partials_merged,
+            "duplicate_partials": self.duplicate_partials,
+        }
+
+
+# -- reading pictures back ---------------------------------------------------------------------------
+
+MAX_PICTURE_BYTES = 1 << 16  # a picture is a few kB; anything far larger is not one
+MAX_EPOCH_MS = 4102444800000  # 2100-01-01, as in the event schemas
+IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
+# detail fields a reader indexes directly (the admission policy, the metrics export)
+DETAIL_READ = {"demand": ("admitted_rps", "first_attempts_rps", "input_tokens_per_s"),
+               "queue": ("requests_waiting", "drain_rps", "predicted_wait_s"),
+               "kv_cache": ("preemptions_per_s_per_replica",),
+               "errors": ("retry_amplification",)}
+REPLICA_COUNTS = ("total", "fresh", "stale", "unhealthy")
+NUMBER = (int, float)
+
+
+def read_picture(raw: bytes) -> dict[str, Any]:
+    """A picture from sluice.load.v1, checked just enough that its readers cannot trip on it.
+
+    Any worker reads every record of that compacted topic, so one bad record
+    must cost one picture, not the worker: whatever the bytes, this returns a
+    picture or raises ``ValueError`` saying what is wrong. It checks what the
+    admission policy, the metrics and ``sluice pools`` read (identity, the
+    seven axes, replica counts, rates), not the whole schema.
+    """
+    if not isinstance(raw, (bytes, bytearray)):
+        raise ValueError(f"a load picture is bytes, got {type(raw).__name__}")
+    if len(raw) > MAX_PICTURE_BYTES:
+        raise ValueError(f"load picture is {len(raw)} bytes, the limit is {MAX_PICTURE_BYTES}")
+    try:
+        picture = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"load picture is not JSON: {exc}") from None
+    _object(picture, "load picture")
+    pool = _field(picture, "pool", (str,), "load picture")
+    if len(pool) > 64 or not IDENTIFIER.match(pool):
+        raise ValueError("pool must be an identifier of at most 64 characters")
+    if len(_field(picture, "profile", (str,), "load picture")) > 128:
+        raise ValueError("profile has more than 128 characters")
+    _count(picture, "watermark_ms", "load picture", MAX_EPOCH_MS)
+    models = _field(picture, "models", (list,), "load picture")
+    if len(models) > MAX_MODELS or not all(type(m) is str and len(m) <= 128 for m in models):
+        raise ValueError(f"models must be at most {MAX_MODELS} strings of at most 128 characters")
+    _pressure(picture, "load picture")
+    axes = _field(picture, "axes", (dict,), "load picture")
+    if axes.keys() != set(AXES):
+        missing, extra = [a for a in AXES if a not in axes], sorted(map(str, axes.keys() - set(AXES)))[:3]
+        raise ValueError(f"axes must be exactly {', '.join(AXES)}"
+                         + (f"; missing {', '.join(missing)}" if missing else "")
+                         + (f"; unknown {', '.join(repr(e[:32]) for e in extra)}" if extra else ""))
+    for name in AXES:
+        _axis(axes[name], name)
+    if picture.get("binding_axis") not in AXES:
+        raise ValueError("binding_axis must name one of the axes")
+    replicas = _field(picture, "replicas", (dict,), "load picture")
+    for name in REPLICA_COUNTS:
+        _count(replicas, name, "replicas")
+    rates = _field(picture, "rates", (dict,), "load picture")
+    _field(rates, "arrival_rps", NUMBER, "rates")
+    for name, value in rates.items():
+        _number(value, f"rates.{_name(name)}")
+    return picture
+
+
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+              type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    """A hostile value's JSON type, never its repr (which can be huge or nested past the recursion limit)."""
+    return JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _name(name: str) -> str:
+    return name if len(name) <= 32 else name[:32] + "…"
+
+
+def _object(value: Any, where: str) -> None:
+    if type(value) is not dict:
+        raise ValueError(f"{where} must be a JSON object, got {_kind(value)}")
+
+
+def _field(obj: dict, name: str, types: tuple[type, ...], where: str) -> Any:
+    if name not in obj:
+        raise ValueError(f"{where} has no {name}")
+    value = obj[name]
+    if type(value) not in types:
+        wanted = "number" if types == NUMBER else JSON_TYPES[types[0]]
+        raise ValueError(f"{where}.{name} must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}, "
+                         f"got {_kind(value)}")
     return value
+
+
+def _count(obj: dict, name: str, where: str, most: int = 1 << 53) -> None:
+    if not 0 <= _field(obj, name, (int,), where) <= most:
+        raise ValueError(f"{where}.{name} must be between 0 and {most}")
+
+
+def _number(value: Any, where: str, nullable: bool = False) -> None:
+    """Readers do arithmetic on these: a number (orjson admits no NaN or infinity), never negative."""
+    if value is None and nullable:
+        return
+    if type(value) not in NUMBER:
+        raise ValueError(f"{where} must be a number{' or null' if nullable else ''}, got {_kind(value)}")
+    if value < 0:
+        raise ValueError(f"{where} must not be negative")
+
+
+def _pressure(obj: dict, where: str) -> None:
+    if not 0 <= _field(obj, "pressure", NUMBER, where) <= PRESSURE_CAP:
+        raise ValueError(f"{where}.pressure must be between 0 and {PRESSURE_CAP:g}")
+
+
+def _axis(axis: Any, name: str) -> None:
+    where = f"axes.{name}"
+    _object(axis, where)
+    _pressure(axis, where)
+    if "value" not in axis:
+        raise ValueError(f"{where} has no value")
+    _number(axis["value"], f"{where}.value", nullable=True)
+    _number(_field(axis, "limit", NUMBER, where), f"{where}.limit")
+    detail = _field(axis, "detail", (dict,), where)
+    for key in DETAIL_READ.get(name, ()):
+        if key not in detail:
+            raise ValueError(f"{where}.detail has no {key}")
+    for key, value in detail.items():
+        if name == "demand" and key == "first_attempts_rps":
+            _object(value, f"{where}.detail.{key}")
+            for priority, rate in value.items():
+                _number(rate, f"{where}.detail.{key}.{_name(priority)}")
+        else:
+            _number(value, f"{where}.detail.{_name(key)}", nullable=True)

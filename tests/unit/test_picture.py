@@ -22,13 +22,15 @@ By hand:
 
 from dataclasses import replace
 
+import orjson
 import pytest
 
 from pipeline.events import ReplicaSample, RequestEvent
 from pipeline.load.partial import Partial, PartialBuilder
-from pipeline.load.picture import PictureConfig, PoolState
+from pipeline.load.picture import PictureConfig, PoolState, read_picture
 from pipeline.load.profiles import build_profiles
 from pipeline.sim.specimens import replica_sample, request_event
+from tests.reference import reference
 
 PROFILE = build_profiles({"test": {
     "slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "latency_limit": 1.0, "capacity_rps_per_replica": 10,
@@ -68,7 +70,21 @@ def scenario_partials():
         for i in range(5):
             builder.fold_request(req(second, "completed", final=i < 4))
     builder.fold_request(RequestEvent(**request_event(event_time=110_000, phase="received", pool="p")))
-    return builder.drain(tick=1)
+    return builder.drain(1)
+
+
+@pytest.fixture(autouse=True)
+def every_snapshot_is_a_valid_picture(monkeypatch):
+    """Every picture these tests produce also meets the sluice.load.v1 schema and reads back unchanged."""
+    snapshot = PoolState.snapshot
+
+    def checked(self, config):
+        picture = snapshot(self, config)
+        reference("load_picture").validate(picture)
+        assert read_picture(orjson.dumps(picture)) == picture
+        return picture
+
+    monkeypatch.setattr(PoolState, "snapshot", checked)
 
 
 @pytest.fixture
