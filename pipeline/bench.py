@@ -116,7 +116,8 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
 def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
     """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store."""
     from .events import RequestEvent
-    from .ingest import Record, process_block
+    from .ingest import Record
+    from .sinks.blocks import process_block
     from .sinks.migrations import migrate
     from .sinks.store import ChdbStore
 

@@ -8,13 +8,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .settings import Settings, SettingsError, load_settings, settings_table
 
 
-def _settings() -> Settings:
+def _settings(**overrides: Any) -> Settings:
     try:
-        return load_settings()
+        return load_settings(**overrides)
     except SettingsError as exc:
         sys.exit(f"sluice: {exc}")
 
@@ -74,14 +75,14 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from .agents import create_app
-    from .devstack.kafka import DevstackError, bootstrap_servers
+    from .broker import NoBroker, bootstrap_servers
     from .topics import ensure_topics
+    from .worker.app import create_app
 
-    settings = _settings()
+    settings = _settings(**({"role": args.role} if args.role else {}))
     try:
         asyncio.run(ensure_topics(settings, bootstrap_servers(settings)))
-    except DevstackError as exc:
+    except NoBroker as exc:
         sys.exit(f"sluice worker: {exc}")
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
@@ -227,7 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=("migrate",))
     db.set_defaults(func=cmd_db)
 
-    sub.add_parser("worker", help="run a pipeline worker (Faust)").set_defaults(func=cmd_worker)
+    worker = sub.add_parser("worker", help="run a pipeline worker (Faust)")
+    worker.add_argument("--role", choices=("all", "control", "landing"),
+                        help="control path, landing path, or both (default: the role setting, `all`)")
+    worker.set_defaults(func=cmd_worker)
 
     produce = sub.add_parser("produce", help="replay the Azure trace as RequestEvents and ReplicaSamples")
     produce.add_argument("--trace", help="trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled one")

@@ -24,13 +24,13 @@ def pool_label(pool: str) -> str:
     return "other"
 
 
-EVENTS_ACCEPTED = Counter("sluice_events_accepted_total", "Events that passed validation, by source topic.",
+EVENTS_ACCEPTED = Counter("sluice_events_accepted_total", "Events that passed validation and landed, by source topic.",
                           ["topic"], registry=REGISTRY)
 EVENTS_DEAD_LETTERED = Counter("sluice_events_dead_lettered_total",
-                               "Events sent to the dead-letter topic, by source topic and reason.",
+                               "Events the landing path dead-lettered (landed in dead_letters), by source topic and reason.",
                                ["topic", "reason"], registry=REGISTRY)
 INGEST_BATCH_SECONDS = Histogram("sluice_ingest_batch_seconds",
-                                 "Time to decode, dead-letter and fold one stage-1 batch (landing follows).",
+                                 "Time to decode, dead-letter and fold one control-path batch.",
                                  ["topic"],
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=REGISTRY)
@@ -91,7 +91,12 @@ ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
                                 "RequestEvents a router's emitter dropped because its buffer was full.",
                                 registry=REGISTRY)
 
-CONSUMER_LAG = Gauge("sluice_consumer_lag_records", "Records stage 1 has yet to read, by raw topic.", ["topic"],
+CONTROL_EVENTS = Counter("sluice_control_events_total",
+                         "Raw events the control path handled, by topic and outcome (folded, dead_lettered, duplicate).",
+                         ["topic", "outcome"], registry=REGISTRY)
+LANDING_CONSUMER_LAG = Gauge("sluice_landing_consumer_lag_records",
+                             "Records the landing path has yet to read, by topic.", ["topic"], registry=REGISTRY)
+CONSUMER_LAG = Gauge("sluice_consumer_lag_records", "Records the control path has yet to read, by raw topic.", ["topic"],
                      registry=REGISTRY)
 SINK_BATCH_SECONDS = Histogram("sluice_sink_batch_seconds", "Time to land one batch in ClickHouse, retries included.",
                                ["table"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),

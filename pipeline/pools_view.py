@@ -7,16 +7,18 @@ picture of every pool whichever worker computes it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any
 
-import orjson
 
 from . import topics
-from .load.picture import AXES
+from .load.picture import AXES, read_picture
 from .settings import Settings
 from .topic_reader import open_from_beginning, read_to_end
+
+log = logging.getLogger(__name__)
 
 SHORT = {"demand": "demand", "queue": "queue", "kv_cache": "kv", "compute": "compute", "latency": "latency",
          "errors": "errors", "cost": "cost"}
@@ -50,12 +52,19 @@ def format_table(pictures: dict[str, dict[str, Any]], use_colour: bool) -> str:
 
 
 def absorb(pictures: dict, batch: dict) -> None:
+    """Newest picture per pool from a fetched batch of sluice.load.v1; a record that is not a picture is skipped."""
     for messages in batch.values():
         for message in messages:
             if message.value is None:
-                pictures.pop(message.key.decode(), None)
-            else:
-                pictures[message.key.decode()] = orjson.loads(message.value)
+                if message.key is not None:
+                    pictures.pop(message.key.decode("utf-8", "replace"), None)
+                continue
+            try:
+                picture = read_picture(message.value)
+            except ValueError as exc:
+                log.warning("skipped a record of %s at offset %d: %s", message.topic, message.offset, exc)
+                continue
+            pictures[picture["pool"]] = picture
 
 
 async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float = 10.0) -> dict[str, dict]:

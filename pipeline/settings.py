@@ -58,6 +58,15 @@ class Settings:
     app_id: str = field(default="sluice", metadata=_doc(
         "Faust application id: consumer group and changelog topic prefix.",
         pattern=r"[A-Za-z0-9._-]+"))
+    role: str = field(default="all", metadata=_doc(
+        "What a worker runs: `control` (validate → fold → picture → policy → signed signal; no store), "
+        "`landing` (raw events and signals → ClickHouse, exactly once) or `all` (both, independent, in one "
+        "process: the default, and the only way to serve the embedded store's readers).",
+        choices=("all", "control", "landing")))
+    session_timeout_s: float = field(default=10.0, metadata=_doc(
+        "How long a silent worker keeps its partitions before the group moves them to the others, seconds "
+        "(Kafka consumer session timeout, both paths and stage 2): the bound on a dead worker's gap.",
+        min=6, max=300))
     web_host: str = field(default="127.0.0.1", metadata=_doc(
         "Address the worker's HTTP endpoints (/healthz, /metrics) bind to."))
     web_port: int = field(default=6066, metadata=_doc(
@@ -69,15 +78,15 @@ class Settings:
         "Most rows /query and `sluice query` return; longer results are cut and marked truncated.",
         min=1, max=10_000_000))
     ingest_batch_max: int = field(default=2000, metadata=_doc(
-        "Most events stage 1 decodes and lands as one batch.", min=1, max=100000))
+        "Most events one fetch of either path decodes as one batch.", min=1, max=100000))
     ingest_batch_within_s: float = field(default=0.25, metadata=_doc(
-        "Longest stage 1 waits to fill a batch, seconds.", min=0.001, max=60))
+        "Longest either path waits to fill a batch, seconds.", min=0.001, max=60))
     max_event_bytes: int = field(default=1048576, metadata=_doc(
         "Largest accepted event value, bytes; larger ones are dead-lettered.",
         min=1024, max=16777216))
     ingest_landing_depth: int = field(default=2, metadata=_doc(
-        "Batches stage 1 lets land in ClickHouse while it decodes and folds the next: more keeps the picture "
-        "fresh while inserts are slow, at the cost of memory (each is up to `ingest_batch_max` events).",
+        "Batches the landing path lets land in ClickHouse while it decodes the next: more rides out slow "
+        "inserts, at the cost of memory (each is up to `ingest_batch_max` events).",
         min=1, max=16))
     sink_block_rows: int = field(default=5000, metadata=_doc(
         "Rows a source partition's block gathers before it lands as one insert (ClickHouse: thousands of "

@@ -97,6 +97,11 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
         await admin.close()
 
 
-def stage1_group(settings: Settings) -> str:
-    """Consumer group of stage 1 (raw topics); stage 2 is Faust's own group, ``app_id``."""
-    return f"{settings.app_id}-stage1"
+def control_group(settings: Settings) -> str:
+    """Consumer group of the control path's stage 1 (raw topics); stage 2 is Faust's own group, ``app_id``."""
+    return f"{settings.app_id}-control"
+
+
+def landing_group(settings: Settings) -> str:
+    """Consumer group of the landing path (raw topics and admission signals → ClickHouse)."""
+    return f"{settings.app_id}-landing"

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import broker
 from ..settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -96,7 +97,7 @@ class KafkaDevstack:
         self.libs_dir = settings.cache_dir / "kafka" / self.version / "libs"
         self.home = settings.kafka_dir
         self.data_dir = self.home / "data"
-        self.info_path = self.home / "broker.json"
+        self.info_path = broker.address_file(settings)
         self.log_path = self.home / "broker.log"
 
     def fetched(self) -> bool:
@@ -261,9 +262,7 @@ def _reap(pid: int) -> None:
 
 def bootstrap_servers(settings: Settings) -> str:
     """The broker to use: the configured one, else the devstack's recorded one."""
-    if settings.kafka_bootstrap_servers:
-        return settings.kafka_bootstrap_servers
-    info = KafkaDevstack(settings).info()
-    if info is None:
-        raise DevstackError("no Kafka broker: run `sluice kafka start` or set KAFKA_BOOTSTRAP_SERVERS")
-    return info.bootstrap
+    try:
+        return broker.bootstrap_servers(settings)
+    except broker.NoBroker as exc:
+        raise DevstackError(str(exc)) from None

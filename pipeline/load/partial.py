@@ -1,7 +1,7 @@
 """Per-pool partial aggregates: stage 1's output, one per (source, pool) per tick.
 
-A partial's ``id`` names its source topic, partition and tick, so stage 2 can
-tell a redelivered partial from a new one.
+A partial's ``id`` names its source topic, partition and the offset range it
+folds, so stage 2 can tell a redelivered or repeated partial from a new one.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ class PartialBuilder:
         if s.event_time > partial.newest_ms:
             partial.newest_ms = s.event_time
 
-    def drain(self, tick: int) -> list[Partial]:
-        """The partials folded since the last drain, identified by this source and ``tick``."""
+    def drain(self, cut: object) -> list[Partial]:
+        """The partials folded since the last drain, identified by this source and ``cut``
+        (the worker's offset range, the simulator's tick)."""
         out = list(self.pending.values())
         for partial in out:
-            partial.id = f"{self.source}/{tick}"
+            partial.id = f"{self.source}/{cut}"
         self.pending = {}
         return out

@@ -1,9 +1,10 @@
 """Who decides admission in a simulated run: nobody, a fixed threshold, or Sluice.
 
-Sluice in-process is the real pure core — stage 1's partial fold, stage 2's
-pool picture, the admission policy, signing — and the routers' real
-``Decider`` verifying the signed signal, called each tick without Kafka. The
-same simulator drives the real pipeline through ``pipeline.sim.live``.
+Sluice in-process is the real pure core — stage 1's partial fold and the
+worker's stage-2 control loop (``pipeline.control_loop``: picture, policy,
+publish on change or heartbeat, signing) — and the routers' real ``Decider``
+verifying the signed signals, called each tick without Kafka. The same
+simulator drives the real pipeline through ``pipeline.sim.live``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import random
 import uuid
 from typing import TYPE_CHECKING
 
-from ..admission.policy import Decision, config_from, decide
-from ..admission.signing import sign
+from ..admission.policy import config_from
+from ..control_loop import ControlLoop
 from ..events import ReplicaSample, RequestEvent
 from ..load.config import PictureConfigs
 from ..load.partial import PartialBuilder
-from ..load.picture import PoolState
 from ..router import ADMIT, Decider, Reject, Request, SignalBook, Verdict
 from ..settings import Settings
 
@@ -74,7 +74,7 @@ class FixedThreshold(NoControl):
 
 
 class SluiceInProcess(NoControl):
-    """The load picture, the policy and the router's ``Decider``, each tick, without Kafka."""
+    """Stage 1's fold, the worker's ``ControlLoop`` and the router's ``Decider``, each tick, without Kafka."""
 
     name = "sluice"
     wants_events = True
@@ -82,17 +82,17 @@ class SluiceInProcess(NoControl):
     def __init__(self, settings: Settings, pool: str, start_ms: int, seed: int = 1) -> None:
         self.pool = pool
         self.start_ms = start_ms
-        self.picture_config = PictureConfigs(settings).for_pool(pool)
-        self.policy = config_from(settings.admission_policy)
+        ids = random.Random(seed + 7)   # event ids from the seed: a run is reproducible
+        self.loop = ControlLoop(PictureConfigs(settings), config_from(settings.admission_policy), SIM_KEY_ID,
+                                SIM_SECRET, heartbeat_ms=int(settings.heartbeat_s * 1000),
+                                new_id=lambda: str(uuid.UUID(int=ids.getrandbits(128), version=4)))
         self.builder = PartialBuilder("sim/0", settings.replica_stale_after_s)
-        self.state = PoolState(pool)
-        self.decision = Decision(pool)
         self.book = SignalBook({SIM_KEY_ID: SIM_SECRET})
         self.now_s = 0.0
         self.decider = Decider(self.book, seed=seed, clock=lambda: self.start_ms / 1000 + self.now_s)
-        self._ids = random.Random(seed + 7)
         self._tick = 0
         self.state_changes = 0
+        self.signals_published = 0
         self.history: list[tuple[float, str, dict]] = []   # (time, state, admit fractions)
 
     def verdict(self, request: Request, now_s: float) -> Verdict:
@@ -112,17 +112,17 @@ class SluiceInProcess(NoControl):
     def tick(self, fleet: "FleetSim", now_s: float) -> None:
         self.now_s = now_s
         self._tick += 1
-        for partial in self.builder.drain(self._tick):
-            self.state.merge(partial, self.picture_config)
-        if not self.state.watermark_ms:
+        for partial in self.builder.drain(self._tick):   # ids unique per tick: none is taken for a duplicate
+            self.loop.merge(partial)
+        state = self.loop.states.get(self.pool)
+        if state is None or not state.watermark_ms:
             return
-        now_ms = self.start_ms + int(now_s * 1000)
-        picture = self.state.snapshot(self.picture_config)
-        previous = self.decision
-        self.decision = decide(picture, previous, self.policy, now_ms)
-        if previous.signal and previous.state != self.decision.state:
+        previous = self.loop.decisions.get(self.pool)
+        step = self.loop.step(self.start_ms + int(now_s * 1000))
+        for signal in step.signals:
+            self.book.offer(signal.value)
+        self.signals_published += len(step.signals)
+        decision = self.loop.decisions[self.pool]
+        if previous is not None and previous.state != decision.state:
             self.state_changes += 1
-        signal = {"event_id": str(uuid.UUID(int=self._ids.getrandbits(128), version=4)), "event_time": now_ms,
-                  **self.decision.signal}
-        self.book.offer(sign(signal, SIM_KEY_ID, SIM_SECRET))
-        self.history.append((now_s, self.decision.state, self.decision.signal["admit_fraction"]))
+        self.history.append((now_s, decision.state, decision.signal["admit_fraction"]))

@@ -8,7 +8,7 @@ in ``dead_letters`` (a block lands its dead letters first, then its rows).
 
 from __future__ import annotations
 
-from ..ingest import DEAD_LETTER_TABLE
+from .blocks import DEAD_LETTER_TABLE
 from .store import Store
 
 

@@ -1,4 +1,4 @@
-"""Faust glue without a broker: stage 1's batch handling with in-memory collaborators, and the
+"""Faust glue without a broker: both paths' batch handling with in-memory collaborators, and the
 stage-2 ``pictures`` agent in Faust's ``test_context()``."""
 
 import asyncio
@@ -12,9 +12,12 @@ from pipeline.ingest import Record
 from pipeline.load.partial import PartialBuilder
 from pipeline.settings import load_settings
 from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
+from pipeline.sinks.block_sink import BlockSink
 
 
 class MemorySink:
+    """Stands in for the retrying ClickHouseSink under the BlockSink."""
+
     def __init__(self):
         self.rows: dict[str, list[bytes]] = {}
         self.held = False
@@ -34,6 +37,13 @@ class MemoryTopic:
         return done
 
 
+def use_sink(app, sink):
+    """The landing path's BlockSink over ``sink`` (in place of ClickHouse)."""
+    landing = app.landing
+    landing.sink = BlockSink(landing.settings, None, landing._send_dead_letter, sink=sink)
+    return sink
+
+
 @pytest.fixture
 def app(tmp_path):
     settings = load_settings(env={}, kafka_bootstrap_servers="127.0.0.1:9", state_dir=str(tmp_path),
@@ -42,11 +52,12 @@ def app(tmp_path):
     app.finalize()
     app.conf.store = "memory://"
     app.flow_control.resume()
-    app.stage1.sink = MemorySink()
-    app.stage1.dead_letter_topic = MemoryTopic()
-    app.stage1.partials_topic = MemoryTopic()
+    app.landing.dead_letter_topic = MemoryTopic()
+    use_sink(app, MemorySink())
+    app.control.dead_letter_topic = MemoryTopic()
+    app.control.partials_topic = MemoryTopic()
     app.stage2.load_topic = MemoryTopic()
-    app.stage2.admission.topic = MemoryTopic()
+    app.stage2.admission_topic = MemoryTopic()
     return app
 
 
@@ -54,32 +65,145 @@ def records(topic, items):
     return [Record(topic, 0, offset, None, key, value) for offset, (key, value) in enumerate(items)]
 
 
-def test_stage1_lands_good_dead_letters_bad_and_folds_partials(app):
+def test_control_path_dead_letters_bad_and_folds_partials_and_landing_lands_good(app):
     good = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(5)]
-    bad = bad_inputs(app.stage1.settings.max_event_bytes)
+    bad = bad_inputs(app.control.settings.max_event_bytes)
     batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in good] + [(k, v) for _, v, k in bad])
 
     async def scenario():
-        await (await app.stage1.handle(RequestEvent, batch))
-        return await app.stage1.publish_partials()
+        await app.control.handle(RequestEvent, batch)
+        published = await app.control.publish_partials()
+        await app.landing.handle(RequestEvent, batch)
+        return published
 
     assert asyncio.run(scenario()) == 1
-    landed = [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["request_events"]]
-    assert landed == [e["event_id"] for e in good]
-    assert [orjson.loads(v)["reason"] for _, v in app.stage1.dead_letter_topic.sent] == [r for r, _, _ in bad]
-    (key, value), = app.stage1.partials_topic.sent
+    sink = app.landing.sink.sink
+    assert [orjson.loads(r)["event_id"] for r in sink.rows["request_events"]] == [e["event_id"] for e in good]
+    assert [orjson.loads(r)["reason"] for r in sink.rows["dead_letters"]] == [r for r, _, _ in bad]
+    assert [orjson.loads(v)["reason"] for _, v in app.control.dead_letter_topic.sent] == [r for r, _, _ in bad]
+    assert app.landing.dead_letter_topic.sent == [], "each bad record reaches the dead-letter topic once"
+    (key, value), = app.control.partials_topic.sent
     partial = orjson.loads(value)
-    assert key == b"llama-70b-a" and partial["id"].startswith("raw/0/")
+    assert key == b"llama-70b-a" and partial["id"] == f"raw/0/0-{len(batch) - 1}"
     assert sum(b.get("completed", 0) for b in partial["requests"].values()) == 5
 
 
-def test_stage1_samples_land_in_their_table(app):
+def test_samples_land_in_their_table(app):
     sample = replica_sample()
+
     async def scenario():
-        await (await app.stage1.handle(ReplicaSample, records("raw", [(b"r1", orjson.dumps(sample))])))
+        await (await app.landing.handle(ReplicaSample, records("raw", [(b"r1", orjson.dumps(sample))])))
 
     asyncio.run(scenario())
-    assert [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["replica_samples"]] == [sample["event_id"]]
+    rows = app.landing.sink.sink.rows["replica_samples"]
+    assert [orjson.loads(r)["event_id"] for r in rows] == [sample["event_id"]]
+
+
+class StuckSink(MemorySink):
+    """A store that never answers: every insert hangs."""
+
+    held = True
+
+    async def land(self, table, rows, dedup_token):
+        await asyncio.Event().wait()
+
+
+def test_a_stuck_store_never_delays_the_control_path(app):
+    use_sink(app, StuckSink())
+    events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1", event_time=1_700_000_000_000 + i)
+              for i in range(20)]
+
+    async def scenario():
+        landing = await app.landing.handle(RequestEvent, records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events]))
+        for i in range(0, 20, 5):  # the control path reads the same records in its own group
+            batch = [Record("raw", 0, i + j, None, events[i + j]["task_id"].encode(), orjson.dumps(events[i + j]))
+                     for j in range(5)]
+            await asyncio.wait_for(app.control.handle(RequestEvent, batch), 1)
+            await asyncio.wait_for(app.control.publish_partials(), 1)
+            await asyncio.wait_for(app.stage2.publish(), 1)
+        done = landing.done()
+        landing.cancel()
+        return done
+
+    pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
+
+    async def with_agent():
+        async with pictures.test_context() as agent:
+            result = await scenario()
+            for _, value in app.control.partials_topic.sent:
+                await agent.put(value, key=b"llama-70b-a")
+            await app.stage2.publish()
+            return result
+
+    assert asyncio.run(with_agent()) is False, "the landing is still stuck"
+    assert len(app.control.partials_topic.sent) == 4
+    assert app.stage2.admission_topic.sent, "signals go out while the store hangs"
+
+
+class RecordingConsumer:
+    """Commits and seeks of the control path, in order with the partials it publishes."""
+
+    def __init__(self, log, committed=None):
+        self.log = log
+        self.committed = committed or {}
+        self._coordinator = self
+
+    async def commit(self, offsets):
+        self.log.append(("commit", {(tp.topic, tp.partition): (o.offset, o.metadata) for tp, o in offsets.items()}))
+        self.committed.update({(tp.topic, tp.partition): o for tp, o in offsets.items()})
+
+    async def fetch_committed_offsets(self, tps):
+        return {tp: self.committed[(tp.topic, tp.partition)] for tp in tps if (tp.topic, tp.partition) in self.committed}
+
+    def seek(self, tp, offset):
+        self.log.append(("seek", offset))
+
+
+class LoggingTopic(MemoryTopic):
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    async def send(self, key, value):
+        self.log.append(("partial", orjson.loads(value)["id"]))
+        return await super().send(key, value)
+
+
+def test_a_cut_is_committed_before_it_is_published_and_repeated_exactly_after_a_crash(app):
+    """The write-ahead cut: a worker dying after publishing makes its successor publish the same partial id."""
+    from aiokafka import TopicPartition
+
+    from pipeline.worker.control import ControlConsumer
+
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
+              for i in range(10)]
+    recs = [Record("raw", 0, 100 + i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    log = []
+    first = app.control
+    first.consumer, first.partials_topic = RecordingConsumer(log), LoggingTopic(log)
+
+    async def crash_after_publishing():
+        await first.handle(RequestEvent, recs[:6])
+        await first.publish_partials()
+
+    asyncio.run(crash_after_publishing())
+    assert log == [("commit", {("raw", 0): (100, "cut:105")}), ("partial", "raw/0/100-105")]
+
+    log.clear()
+    successor = ControlConsumer(first.settings, MemoryTopic(), LoggingTopic(log))
+    successor.consumer = RecordingConsumer(log, committed=dict(first.consumer.committed))
+
+    async def take_over():
+        await successor.assigned(successor.consumer, TopicPartition("raw", 0))
+        await successor.handle(RequestEvent, recs[:3])          # the cut is not complete yet: held
+        await successor.publish_partials()
+        await successor.handle(RequestEvent, recs[3:])          # completes it, then folds the rest
+        await successor.publish_partials()
+
+    asyncio.run(take_over())
+    assert log == [("seek", 100),
+                   ("commit", {("raw", 0): (100, "cut:105")}), ("partial", "raw/0/100-105"),
+                   ("commit", {("raw", 0): (106, "cut:109")}), ("partial", "raw/0/106-109")]
 
 
 def partial_bytes(source, tick, n):
@@ -101,15 +225,15 @@ def test_pictures_agent_merges_once_per_partial_id_and_publishes(app):
         return await app.stage2.publish()
 
     assert asyncio.run(scenario()) == 1
-    state = app.stage2.states["llama-70b-a"]
+    state = app.stage2.loop.states["llama-70b-a"]
     assert state.partials_merged == 2 and state.duplicate_partials == 1
     (key, value), = app.stage2.load_topic.sent
     assert key == b"llama-70b-a" and orjson.loads(value)["partials_merged"] == 2
-    (key, signal), = app.stage2.admission.topic.sent
+    (key, signal), = app.stage2.admission_topic.sent
     from pipeline.admission.keyring import keyring
     from pipeline.admission.signing import verify
 
-    assert key == b"llama-70b-a" and verify(signal, keyring(app.stage1.settings))["pool"] == "llama-70b-a"
+    assert key == b"llama-70b-a" and verify(signal, keyring(app.control.settings))["pool"] == "llama-70b-a"
 
 
 def test_redirects_can_name_pools_computed_by_other_workers(app):
@@ -118,9 +242,10 @@ def test_redirects_can_name_pools_computed_by_other_workers(app):
     hot = picture("hot", watermark=1_000, demand=1.5) | {"models": ["m"]}
     elsewhere = picture("cool", demand=0.1) | {"models": ["m"]}
     other_model = picture("other", demand=0.1) | {"models": ["x"]}
-    asyncio.run(app.stage2.admission.evaluate({"hot": hot}, {"cool": elsewhere, "other": other_model, "hot": hot},
-                                              now_ms=1_000))
-    (key, message), = app.stage2.admission.topic.sent
+    app.stage2.loop.pictures["hot"] = hot
+    step = app.stage2.loop.step(1_000, {"cool": elsewhere, "other": other_model, "hot": hot})
+    (signal,) = step.signals
+    message = signal.value
     assert [r["pool"] for r in orjson.loads(message)["redirect"]] == ["cool"]
 
 
@@ -137,8 +262,9 @@ def test_series_do_not_grow_with_task_ids(app):
         return records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
 
     async def scenario(start):
-        await (await app.stage1.handle(RequestEvent, batch(start)))
-        await app.stage1.publish_partials()
+        await app.control.handle(RequestEvent, batch(start))
+        await app.control.publish_partials()
+        await (await app.landing.handle(RequestEvent, batch(start)))
 
     asyncio.run(scenario(0))
     before = series_count()
@@ -167,10 +293,10 @@ def test_store_health_follows_the_store(app):
         def query(self, sql):
             return [{"ok": 1}]
 
-    app.stage1.store = LiveStore()
-    assert asyncio.run(app.stage1.check_store()) is True
-    app.stage1.store = DeadStore()
-    assert asyncio.run(app.stage1.check_store()) is False and app.stage1.store_ok is False
+    app.landing.store = LiveStore()
+    assert asyncio.run(app.landing.check_store()) is True
+    app.landing.store = DeadStore()
+    assert asyncio.run(app.landing.check_store()) is False and app.landing.store_ok is False
 
 
 def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_land(app):
@@ -182,21 +308,21 @@ def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_land(app):
                 raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
             await super().land(table, rows, dedup_token)
 
-    app.stage1.sink = PickySink()
+    sink = use_sink(app, PickySink())
     events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1", tenant="poison" if i == 2 else "acme")
               for i in range(4)]
     batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
 
     async def scenario():
-        return await (await app.stage1.handle(RequestEvent, batch))
+        return await (await app.landing.handle(RequestEvent, batch))
 
     assert asyncio.run(scenario()) == {("raw", 0): 4}, "the whole block is accounted for and committable"
-    landed = [orjson.loads(r)["event_id"] for r in app.stage1.sink.rows["request_events"]]
+    landed = [orjson.loads(r)["event_id"] for r in sink.rows["request_events"]]
     assert landed == [e["event_id"] for i, e in enumerate(events) if i != 2]
-    (key, value), = app.stage1.dead_letter_topic.sent
+    (key, value), = app.landing.dead_letter_topic.sent
     letter = orjson.loads(value)
     assert letter["reason"] == "store_rejected" and key == b"raw/0/2"
-    assert orjson.loads(app.stage1.sink.rows["dead_letters"][0])["source_offset"] == 2
+    assert orjson.loads(sink.rows["dead_letters"][0])["source_offset"] == 2
 
 
 def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetch(app):
@@ -212,20 +338,20 @@ def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetc
                 self.inserts.append((table, dedup_token, len(rows)))
             await super().land(table, rows, dedup_token)
 
-    app.stage1.sink = CountingSink()
-    app.stage1.settings = replace(app.stage1.settings, sink_block_rows=6, sink_block_age_s=60)
+    app.landing.settings = replace(app.landing.settings, sink_block_rows=6, sink_block_age_s=60)
+    sink = use_sink(app, CountingSink())
     events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(8)]
     recs = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
 
     async def scenario():
-        first = await (await app.stage1.handle(RequestEvent, recs[:3]))
-        second = await (await app.stage1.handle(RequestEvent, recs[3:6]))
-        third = await (await app.stage1.handle(RequestEvent, recs[6:]))
+        first = await (await app.landing.handle(RequestEvent, recs[:3]))
+        second = await (await app.landing.handle(RequestEvent, recs[3:6]))
+        third = await (await app.landing.handle(RequestEvent, recs[6:]))
         return first, second, third
 
     first, second, third = asyncio.run(scenario())
     assert first == {} and third == {}, "nothing is committed before it lands"
     assert second == {("raw", 0): 6}
-    assert app.stage1.sink.inserts == [("request_events", "request_events:raw/0/0-5", 6)]
-    assert ("raw", 0) in app.stage1.open_blocks and app.stage1.open_blocks[("raw", 0)].start == 6
-    assert app.stage1.publish_partials is not None and app.stage1.builders, "folded at once, landed later"
+    assert sink.inserts == [("request_events", "request_events:raw/0/0-5", 6)]
+    open_blocks = app.landing.sink.open_blocks
+    assert ("raw", 0) in open_blocks and open_blocks[("raw", 0)].start == 6

@@ -77,7 +77,7 @@ def check_dead_letters(settings, expected_reason) -> int:
 
 def all_consumed(settings) -> bool:
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    return run(group_lag(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw)) == 0
+    return run(group_lag(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw)) == 0
 
 
 def test_worker_lands_every_valid_once_and_dead_letters_every_invalid(settings, worker_factory):
@@ -106,7 +106,7 @@ def test_a_batch_redelivered_after_a_crash_before_commit_lands_nothing_twice(set
     wait_for(lambda: all_consumed(settings), 120, message="everything landed and committed")
     first.stop()
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    run(rewind_group(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw))
+    run(rewind_group(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw))
     assert not all_consumed(settings)
 
     second = worker_factory().start()

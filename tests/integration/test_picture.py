@@ -76,7 +76,7 @@ def converged(settings, expected):
 
 def raw_committed(settings):
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    return run(group_lag(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw)) == 0
+    return run(group_lag(settings.kafka_bootstrap_servers, topics.control_group(settings), raw)) == 0
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_store_outage_pauses_then_catches_up_exactly_once(settings, worker_facto
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
 
     def lag():
-        return run(group_lag(settings.kafka_bootstrap_servers, topics.stage1_group(settings), raw))
+        return run(group_lag(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw))
 
     worker = worker_factory().start()
     run(produce(settings, settings.kafka_bootstrap_servers, events[:BEFORE], paced=False))

@@ -1,10 +1,11 @@
-"""The pure stage-1 steps: blocks, rows, dead letters, duplicates and replay cuts."""
+"""The pure steps of both paths: decoding, dead letters, duplicates, landing blocks, rows and replay cuts."""
 
 import orjson
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import PartitionCursor, RecentIds, Record, event_time_text, process_block
+from pipeline.ingest import RecentIds, Record, decode_records
+from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
 
 
@@ -20,7 +21,8 @@ def test_block_splits_into_rows_and_dead_letters_carrying_position_and_token():
     assert (row["source_topic"], row["source_partition"], row["source_offset"]) == ("raw", 3, 10)
     assert (row["block_start"], row["block_end"]) == (10, 12)
     assert out.reasons == {"malformed_json": 1, "null_key": 1}
-    assert [k for k, _ in out.dead_letters] == [b"raw/3/11", b"raw/3/12"]
+    decoded = decode_records(RequestEvent, records, 1 << 20, now_ms=42)
+    assert [key for _, key, _ in decoded.dead_letters] == [b"raw/3/11", b"raw/3/12"]
     letters = [orjson.loads(r) for r in out.landed_dead_letters()]
     assert [(d["source_offset"], d["block_start"], d["block_end"]) for d in letters] == [(11, 10, 12), (12, 10, 12)]
     assert letters[0]["source_timestamp"] == "1700000000.123" and "schema_version" not in letters[0]

@@ -1,0 +1,104 @@
+"""The control loop, pure: partials → pool pictures → admission decisions → signed signals.
+
+One implementation for the worker's stage 2 and for the simulator, so what
+the simulator measures is what the pipeline runs. No Faust, no Kafka, no
+clock reads: the caller passes ``now_ms`` and publishes what comes back.
+
+Each step: pools whose state changed get a new picture; every pool with a
+picture gets a decision (also unchanged ones: a pool that stops advancing
+must be seen going stale); a signal goes out when the decision changed in a
+way routers act on, or when the heartbeat is due, so silence is never
+mistaken for stability.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from .admission.policy import AdmissionConfig, Decision, changed, decide
+from .admission.signing import sign
+from .load.config import PictureConfigs
+from .load.partial import Partial
+from .load.picture import PoolState
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signed admission signal due for publication, with what it was decided from."""
+
+    pool: str
+    value: bytes
+    decision: Decision
+    picture: dict
+
+
+@dataclass
+class Step:
+    pictures: list[dict] = field(default_factory=list)   # new pictures, for sluice.load.v1
+    signals: list[Signal] = field(default_factory=list)  # due signals, for sluice.admission.v1
+
+
+def _random_id() -> str:
+    return str(uuid.uuid4())
+
+
+class ControlLoop:
+    """Stage 2's state for the pools one controller owns."""
+
+    def __init__(self, configs: PictureConfigs, policy: AdmissionConfig, key_id: str, secret: bytes,
+                 heartbeat_ms: int, new_id: Callable[[], str] = _random_id) -> None:
+        self.configs = configs
+        self.policy = policy
+        self.key_id, self.secret = key_id, secret
+        self.heartbeat_ms = heartbeat_ms
+        self.new_id = new_id
+        self.states: dict[str, PoolState] = {}
+        self.pictures: dict[str, dict] = {}          # newest picture per pool
+        self.decisions: dict[str, Decision] = {}     # newest decision per pool
+        self.published: dict[str, tuple[Decision, int]] = {}  # last published decision and when
+        self.changed: set[str] = set()
+
+    def merge(self, partial: Partial) -> list[str] | None:
+        """Fold a partial into its pool; the partial ids that left the window, or None for a duplicate."""
+        state = self.states.get(partial.pool)
+        if state is None:
+            state = self.states[partial.pool] = PoolState(partial.pool)
+        if not state.merge(partial, self.configs.for_pool(partial.pool)):
+            return None
+        self.changed.add(partial.pool)
+        return state.evicted
+
+    def rebuild(self, partials: Iterable[Partial]) -> None:
+        """States from scratch (after a restart or rebalance), merging each pool's partials in time order."""
+        self.states = {}
+        for partial in sorted(partials, key=lambda p: p.newest_ms):
+            self.merge(partial)
+        self.changed = set(self.states)
+        self.pictures = {p: v for p, v in self.pictures.items() if p in self.states}
+        self.decisions = {p: v for p, v in self.decisions.items() if p in self.states}
+
+    def step(self, now_ms: int, fleet: Mapping[str, dict] = {}) -> Step:
+        """New pictures for changed pools, then decisions for every pool; ``fleet`` adds other
+        controllers' pictures as redirect candidates."""
+        out = Step()
+        for pool in sorted(self.changed):
+            picture = self.states[pool].snapshot(self.configs.for_pool(pool))
+            picture["published_at_ms"] = now_ms
+            self.pictures[pool] = picture
+            out.pictures.append(picture)
+        self.changed.clear()
+        everyone = {**fleet, **self.pictures}
+        for pool, picture in self.pictures.items():
+            models = set(picture.get("models", ()))
+            siblings = [p for other, p in everyone.items() if other != pool and models & set(p.get("models", ()))]
+            decision = decide(picture, self.decisions.get(pool, Decision(pool)), self.policy, now_ms, siblings)
+            self.decisions[pool] = decision
+            last = self.published.get(pool)
+            if last is not None and not changed(last[0], decision) and now_ms - last[1] < self.heartbeat_ms:
+                continue
+            envelope = {"event_id": self.new_id(), "event_time": now_ms, **decision.signal}
+            out.signals.append(Signal(pool, sign(envelope, self.key_id, self.secret), decision, picture))
+            self.published[pool] = (decision, now_ms)
+        return out

@@ -1,0 +1,172 @@
+"""The landing sink: records in (``add``), exactly-once blocks out (``flush``).
+
+It owns everything between a fetched batch and a durable row: the cursor
+that re-cuts a replayed block on its old boundaries, the recent event ids
+that drop producer retries, the open block of each source partition (rows
+gather until ``sink_block_rows`` or ``sink_block_age_s``: ClickHouse wants
+thousands of rows a second per insert, not one insert per fetch), landing in
+offset order, hold-and-retry while the store is unavailable (``ClickHouseSink``),
+and the row-by-row fallback that dead-letters rows the store refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable
+
+from .. import metrics
+from ..events import AdmissionSignal
+from ..ingest import Record, RecentIds
+from ..settings import Settings
+from . import positions
+from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, process_block, refused_by_store
+from .clickhouse import ClickHouseSink
+from .store import Store, StoreRejected
+
+log = logging.getLogger(__name__)
+Where = tuple[str, int]  # (topic, partition)
+SendDeadLetter = Callable[[bytes, bytes], Awaitable[None]]
+
+
+class BlockSink:
+    def __init__(self, settings: Settings, store: Store, send_dead_letter: SendDeadLetter,
+                 sink: ClickHouseSink | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.sink = sink or ClickHouseSink(store)
+        self.send_dead_letter = send_dead_letter
+        self.cursors: dict[Where, PartitionCursor] = {}
+        self.recent_ids: dict[Where, RecentIds] = {}
+        self.open_blocks: dict[Where, BlockOutcome] = {}
+        self._due: list[BlockOutcome] = []
+        self._landing: asyncio.Task | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.sink.held
+
+    def add(self, cls: type, records: list[Record], now_ms: int) -> list[BlockOutcome]:
+        """Cut, decode and gather one fetched batch of one topic; the blocks it made (for accounting)."""
+        s = self.settings
+        by_partition: dict[int, list[Record]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        made = []
+        for partition, recs in by_partition.items():
+            where = (recs[0].topic, partition)
+            cursor = self.cursors.setdefault(where, PartitionCursor())
+            seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
+            made += [process_block(cls, block, s.max_event_bytes, now_ms, seen, sealed)
+                     for block, sealed in cursor.cut(recs)]
+        self._gather(made)
+        return made
+
+    def _gather(self, blocks: list[BlockOutcome]) -> None:
+        now = time.monotonic()
+        for block in blocks:
+            where = (block.topic, block.partition)
+            block.opened_at = now
+            open_block = self.open_blocks.get(where)
+            if open_block is not None and block.follows(open_block):
+                open_block.absorb(block)
+            else:
+                if open_block is not None:
+                    self._due.append(self.open_blocks.pop(where))
+                if block.sealed:
+                    self._due.append(block)
+                    continue
+                self.open_blocks[where] = open_block = block
+            if open_block.size >= self.settings.sink_block_rows:
+                self._due.append(self.open_blocks.pop(where))
+
+    def flush(self, partitions: Iterable[Where] | None = None) -> asyncio.Task:
+        """Land what is due — full blocks, aged ones, and every open block of ``partitions`` — after
+        every earlier landing; the task resolves to each landed partition's next offset to commit."""
+        now = time.monotonic()
+        wanted = set(partitions) if partitions is not None else None
+        for where, block in list(self.open_blocks.items()):
+            if (wanted is not None and where in wanted) or now - block.opened_at >= self.settings.sink_block_age_s:
+                self._due.append(self.open_blocks.pop(where))
+        blocks, self._due = self._due, []
+        previous = self._landing
+
+        async def land() -> dict[Where, int]:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
+            for block in blocks:
+                await self._land_block(block)
+            return {(b.topic, b.partition): b.next_offset for b in blocks}
+
+        self._landing = task = asyncio.ensure_future(land())
+        return task
+
+    async def _land_block(self, block: BlockOutcome) -> None:
+        started = time.perf_counter()
+        await self.sink.land(DEAD_LETTER_TABLE, block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE))
+        try:
+            await self.sink.land(block.table, block.landed_rows(), block.token(block.table))
+        except StoreRejected as exc:
+            await self._land_row_by_row(block, exc)
+        metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - started)
+        if block.oldest_event_ms:
+            metrics.LANDING_LAG_SECONDS.labels(block.table).observe(max(0.0, time.time() - block.oldest_event_ms / 1000))
+        if block.table != TABLE_OF[AdmissionSignal]:  # signals are our own output, counted as sink rows
+            metrics.EVENTS_ACCEPTED.labels(block.topic).inc(len(block.rows))
+        metrics.count_dead_letters(block.topic, block.reasons)
+        if block.duplicates:
+            metrics.EVENTS_DUPLICATE.labels(block.topic).inc(block.duplicates)
+
+    async def _land_row_by_row(self, block: BlockOutcome, refused: StoreRejected) -> None:
+        """The store refused a block for its data: land its rows one by one, dead-letter the refused ones.
+
+        Deterministic like the block (each row's token extends the block's), so
+        a replay after a crash drops whatever landed already.
+        """
+        log.warning("store refused block %s (%s); landing its rows one by one", block.token(block.table), refused)
+        token = block.token(block.table)
+        for i, row_bytes in enumerate(block.landed_rows()):
+            offset = block.sources[i].offset
+            try:
+                await self.sink.land(block.table, [row_bytes], f"{token}#{offset}")
+            except StoreRejected as exc:
+                key, letter, letter_row = refused_by_store(block, i, str(exc), int(time.time() * 1000))
+                await self.send_dead_letter(key, letter)
+                await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
+                metrics.count_dead_letters(block.topic, {"store_rejected": 1})
+                block.rows[i] = b""
+        block.rows = [r for r in block.rows if r]
+
+    async def resume(self, cls: type, topic: str, partition: int, committed: int) -> int:
+        """Where a newly assigned partition starts: after what the store holds of it.
+
+        Blocks between the committed offset and the last landed block landed
+        already and are skipped; the last one is replayed on its old
+        boundaries (it may have landed in one table only), and the partition's
+        recent event ids are reloaded so re-sent events stay dropped.
+        """
+        s = self.settings
+        table = TABLE_OF[cls]
+        last = await self.sink.call("resume", positions.last_block, self.store, table, topic, partition, committed)
+        where = (topic, partition)
+        start = last[0] if last else committed
+        if s.dedup_recent_ids:
+            ids = await self.sink.call("resume", positions.recent_ids, self.store, table, topic, partition,
+                                       start, s.dedup_recent_ids)
+            self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
+        self.cursors[where] = PartitionCursor(last)
+        if last is not None:
+            log.info("landing resumes %s/%d at its last landed block %d-%d (committed %d)",
+                     topic, partition, last[0], last[1], committed)
+        return start
+
+    def forget(self, topic: str, partition: int) -> None:
+        """A revoked partition's state goes; its next owner rebuilds it from the store."""
+        where = (topic, partition)
+        for state in (self.cursors, self.recent_ids, self.open_blocks):
+            state.pop(where, None)
+        self._due = [b for b in self._due if (b.topic, b.partition) != where]
+
+    async def call(self, label: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.sink.call(label, fn, *args)

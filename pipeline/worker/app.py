@@ -1,0 +1,145 @@
+"""The Faust application, wired by role: thin glue between Kafka and the pure cores.
+
+``sluice worker [--role control|landing|all]`` and ``faust -A pipeline.agents
+worker`` both run it. Roles:
+
+- **control** — stage 1 (``ControlConsumer``: raw topics → partials, group
+  ``<app_id>-control``) and stage 2 (``Stage2``: partials → pictures and signed
+  signals, Faust's group ``<app_id>`` with its changelog table). No store.
+- **landing** — ``LandingConsumer``: raw topics and signals → ClickHouse,
+  exactly once (group ``<app_id>-landing``), and the read-only /query.
+- **all** — both, independent inside one process (the default, and what the
+  embedded store needs: its directory is locked to one process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import faust
+
+from .. import metrics, topics
+from ..broker import bootstrap_servers
+from ..load.partial import Partial
+from ..settings import Settings
+from ..sinks.store import StoreUnavailable
+from .control import ControlConsumer
+from .http import add_pages
+from .landing import LandingConsumer
+from .pictures import Stage2
+
+log = logging.getLogger(__name__)
+STORE_RETRY_S = 5.0
+
+
+def _bytes_topic(app: faust.App, settings: Settings, spec: topics.TopicSpec) -> Any:
+    partitions, config = topics.topic_configs(settings)[spec.name(settings)]
+    return app.topic(spec.name(settings), key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw", partitions=partitions, config=config,
+                     replicas=settings.topic_replication_factor)
+
+
+def create_app(settings: Settings) -> faust.App:
+    datadir = settings.state_dir / "faust" / settings.app_id
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    bootstrap = bootstrap_servers(settings)
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        store="memory://",
+        datadir=str(datadir),
+        web_host=settings.web_host,
+        web_bind=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+        topic_partitions=topics.PARTIALS.partitions(settings),
+        topic_replication_factor=settings.topic_replication_factor,
+        consumer_max_fetch_size=topics.raw_topic_max_bytes(settings),
+        producer_max_request_size=topics.dead_letter_max_bytes(settings) + 65536,
+        broker_commit_interval=1.0,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.session_timeout_s / 3,
+        consumer_auto_offset_reset="earliest",
+        loghandlers=[],
+    )
+    dead_letters = _bytes_topic(app, settings, topics.DEADLETTER)
+    control = stage2 = landing = None
+    if settings.role in ("control", "all"):
+        control, stage2 = _control_role(app, settings, bootstrap, dead_letters)
+    if settings.role in ("landing", "all"):
+        landing = _landing_role(app, settings, bootstrap, dead_letters)
+    app.control, app.stage2, app.landing = control, stage2, landing
+
+    @app.on_before_shutdown.connect
+    async def close_store(sender: Any, **kwargs: Any) -> None:
+        if landing is not None and landing.store is not None:
+            await asyncio.to_thread(landing.store.close)
+
+    metrics.attach_faust_sensors(app)
+    add_pages(app, settings, control, landing, stage2)
+    return app
+
+
+def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_letters: Any) -> tuple:
+    partials = _bytes_topic(app, settings, topics.PARTIALS)
+    table = app.Table("pool_partials", partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
+                      value_type=bytes)
+    control = ControlConsumer(settings, dead_letters, partials)
+    stage2 = Stage2(settings, table, _bytes_topic(app, settings, topics.LOAD),
+                    _bytes_topic(app, settings, topics.ADMISSION))
+
+    @app.agent(partials, name=f"{settings.app_id}.pictures")
+    async def pictures(stream: Any) -> None:
+        async for value in stream:
+            try:
+                partial = Partial.from_bytes(value)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("ignored a partial that does not parse: %s", exc)
+                continue
+            stage2.merge(partial, value)
+
+    @app.timer(interval=settings.tick_s)
+    async def tick() -> None:
+        await control.publish_partials()
+        await stage2.publish()
+
+    @app.on_rebalance_complete.connect
+    async def after_recovery(sender: Any, **kwargs: Any) -> None:
+        stage2.rebuild()  # the table has just been recovered from its changelog
+
+    @app.task
+    async def control_loop() -> None:
+        await topics.ensure_topics(settings, bootstrap)
+        await control.consume(bootstrap)
+
+    @app.task
+    async def fleet_pictures() -> None:
+        await stage2.follow_fleet(bootstrap, topics.LOAD.name(settings))
+
+    return control, stage2
+
+
+def _landing_role(app: faust.App, settings: Settings, bootstrap: str, dead_letters: Any) -> LandingConsumer:
+    landing = LandingConsumer(settings, dead_letters)
+
+    @app.task
+    async def landing_loop() -> None:
+        await topics.ensure_topics(settings, bootstrap)
+        while True:
+            try:
+                await landing.ready()
+                break
+            except StoreUnavailable as exc:
+                log.warning("landing waits for the store (%s); retrying in %.0f s", exc, STORE_RETRY_S)
+                await asyncio.sleep(STORE_RETRY_S)
+        await landing.consume(bootstrap)
+
+    @app.timer(interval=5.0)
+    async def store_health() -> None:
+        await landing.check_store()
+
+    return landing

@@ -1,0 +1,203 @@
+"""Stage 1 of the control path: raw events → validation → per-pool partials, never waiting for a store.
+
+Consumer group ``<app_id>-control`` reads the raw topics; every accepted
+event is folded at once into its source partition's ``PartialBuilder``, bad
+records go to the dead-letter topic, and each tick the builders are cut into
+per-pool partials on ``sluice.partials.v1``.
+
+**Each event is counted once in the picture, across crashes and
+rebalances**, without transactions, by a write-ahead cut: before a tick
+publishes the partials of offsets ``[start, end]`` of a partition it commits
+offset ``start`` with metadata ``cut:<end>``. A partial's id is
+``<topic>/<partition>/<start>-<end>``. If the worker dies after publishing,
+the next owner reads the committed ``(start, cut:end)``, folds exactly
+``[start, end]`` again and publishes it under the same id, which stage 2
+drops as a duplicate (or merges, if the first one never got out). The next
+tick's commit of ``end + 1`` confirms the cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from .. import metrics, topics
+from ..events import Event, ReplicaSample, RequestEvent
+from ..ingest import Record, RecentIds, decode_records
+from ..load.partial import PartialBuilder
+from ..settings import Settings
+from .consumer import batch_consumer, commit, committed_with_metadata, records_by_topic, update_lag
+
+log = logging.getLogger(__name__)
+Where = tuple[str, int]
+CUT_PREFIX = "cut:"
+
+
+class ControlConsumer:
+    def __init__(self, settings: Settings, dead_letter_topic: Any, partials_topic: Any) -> None:
+        self.settings = settings
+        self.dead_letter_topic = dead_letter_topic
+        self.partials_topic = partials_topic
+        self.builders: dict[Where, PartialBuilder] = {}
+        self.recent_ids: dict[Where, RecentIds] = {}
+        self.cut_start: dict[Where, int] = {}   # first offset not yet in a published partial
+        self.folded_to: dict[Where, int] = {}   # last offset folded
+        self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
+        self.unconfirmed: set[Where] = set()    # published cuts whose end the group has not committed
+        self.consumer: Any = None
+        self._lock = asyncio.Lock()
+
+    def _builder(self, where: Where) -> PartialBuilder:
+        builder = self.builders.get(where)
+        if builder is None:
+            builder = self.builders[where] = PartialBuilder(f"{where[0]}/{where[1]}",
+                                                            self.settings.replica_stale_after_s)
+        return builder
+
+    async def handle(self, cls: type[Event], records: list[Record]) -> None:
+        """Validate, dead-letter and fold one fetched batch of one topic."""
+        started = time.perf_counter()
+        by_partition: dict[int, list[Record]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        for partition, recs in by_partition.items():
+            where = (recs[0].topic, partition)
+            end = self.replays.get(where)
+            if end is not None and recs[-1].offset >= end:
+                # the replayed cut is complete: fold it, publish it under its old id, then go on
+                await self._fold(cls, where, [r for r in recs if r.offset <= end])
+                del self.replays[where]
+                await self.publish_partials([where])
+                recs = [r for r in recs if r.offset > end]
+            if recs:
+                await self._fold(cls, where, recs)
+        metrics.INGEST_BATCH_SECONDS.labels(records[0].topic).observe(time.perf_counter() - started)
+
+    async def _fold(self, cls: type[Event], where: Where, records: list[Record]) -> None:
+        s = self.settings
+        if not records:
+            return
+        seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
+        decoded = decode_records(cls, records, s.max_event_bytes, int(time.time() * 1000), seen)
+        if decoded.dead_letters:
+            sent = [await self.dead_letter_topic.send(key=key, value=letter) for _, key, letter in decoded.dead_letters]
+            await asyncio.gather(*sent)
+        self.cut_start.setdefault(where, records[0].offset)
+        self.folded_to[where] = records[-1].offset
+        builder = self._builder(where)
+        topic = where[0]
+        metrics.CONTROL_EVENTS.labels(topic, "folded").inc(len(decoded.events))
+        metrics.CONTROL_EVENTS.labels(topic, "dead_lettered").inc(len(decoded.dead_letters))
+        metrics.CONTROL_EVENTS.labels(topic, "duplicate").inc(decoded.duplicates)
+        if decoded.newest_event_ms:
+            metrics.NEWEST_EVENT_TIME.labels(topic).set(decoded.newest_event_ms / 1000)
+        if cls is ReplicaSample:
+            for event in decoded.events:
+                builder.fold_sample(event)
+            return
+        completed: dict[str, list[int]] = {}
+        for event in decoded.events:
+            builder.fold_request(event)
+            if event.phase == "completed":
+                counts = completed.setdefault(event.pool, [0, 0])
+                counts[0] += 1
+                if event.ttft_s is not None and event.slo_ttft_s is not None and event.ttft_s > event.slo_ttft_s:
+                    counts[1] += 1
+        for pool, (done, missed) in completed.items():
+            label = metrics.pool_label(pool)
+            metrics.REQUESTS_COMPLETED.labels(label).inc(done)
+            metrics.TTFT_SLO_MISSES.labels(label).inc(missed)
+
+    async def publish_partials(self, only: list[Where] | None = None) -> int:
+        """Cut the builders (write-ahead commit first, see the module doc) and publish their partials."""
+        from aiokafka import TopicPartition
+        from aiokafka.structs import OffsetAndMetadata
+
+        async with self._lock:
+            cuts: dict[Where, tuple[int, int]] = {}
+            for where in list(self.builders):
+                if (only is not None and where not in only) or where in self.replays:
+                    continue
+                start, end = self.cut_start.get(where), self.folded_to.get(where)
+                if start is not None and end is not None and end >= start:
+                    cuts[where] = (start, end)
+            confirm = {w: self.cut_start[w] for w in self.unconfirmed
+                       if w not in cuts and (only is None or w in only) and w in self.cut_start}
+            offsets = {TopicPartition(*w): OffsetAndMetadata(start, f"{CUT_PREFIX}{end}")
+                       for w, (start, end) in cuts.items()}
+            offsets.update({TopicPartition(*w): OffsetAndMetadata(start, "") for w, start in confirm.items()})
+            if not offsets:
+                return 0
+            if self.consumer is not None and not await commit(self.consumer, offsets):
+                return 0  # not ours any more, or the broker is busy: the next cut (or owner) covers it
+            self.unconfirmed -= set(confirm)
+            drained = []
+            for where, (start, end) in cuts.items():
+                drained += self.builders[where].drain(f"{start}-{end}")
+                self.cut_start[where] = end + 1
+                self.unconfirmed.add(where)
+            sent = [await self.partials_topic.send(key=p.pool.encode(), value=p.to_bytes()) for p in drained]
+            if sent:
+                await asyncio.gather(*sent)
+                metrics.PARTIALS_PUBLISHED.inc(len(sent))
+            return len(sent)
+
+    async def assigned(self, consumer: Any, tp: Any) -> None:
+        """Start a partition where the group left it, repeating a cut that may have been published."""
+        where = (tp.topic, tp.partition)
+        offset, meta = await committed_with_metadata(consumer, tp)
+        self.forget(*where)
+        if offset is None:
+            return
+        self.cut_start[where] = offset
+        if meta.startswith(CUT_PREFIX):
+            end = int(meta[len(CUT_PREFIX):])
+            if end >= offset:
+                self.replays[where] = end
+                log.info("control path repeats cut %s/%d %d-%d", tp.topic, tp.partition, offset, end)
+        consumer.seek(tp, offset)
+
+    def forget(self, topic: str, partition: int) -> None:
+        where = (topic, partition)
+        for state in (self.builders, self.recent_ids, self.cut_start, self.folded_to, self.replays):
+            state.pop(where, None)
+        self.unconfirmed.discard(where)
+
+    async def consume(self, bootstrap: str) -> None:
+        """Fetch, fold, repeat; partials go out on the tick (``publish_partials``), not per fetch."""
+        from aiokafka import ConsumerRebalanceListener
+
+        s = self.settings
+        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
+        control = self
+        lag: dict[Any, int] = {}
+
+        class Rebalance(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await control.publish_partials([(tp.topic, tp.partition) for tp in revoked])
+                for tp in revoked:
+                    control.forget(tp.topic, tp.partition)
+                    lag.pop(tp, None)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                consumer.pause(*assigned)  # nothing is folded from a position not yet confirmed
+                for tp in assigned:
+                    await control.assigned(consumer, tp)
+                consumer.resume(*assigned)
+
+        consumer = batch_consumer(s, bootstrap, topics.control_group(s))
+        consumer.subscribe(list(classes), listener=Rebalance())
+        await consumer.start()
+        self.consumer = consumer
+        try:
+            while True:
+                fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
+                                                 max_records=s.ingest_batch_max)
+                for topic, records in records_by_topic(fetched).items():
+                    await self.handle(classes[topic], records)
+                update_lag(consumer, fetched, lag, metrics.CONSUMER_LAG, classes)
+        finally:
+            self.consumer = None
+            await consumer.stop()

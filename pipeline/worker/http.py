@@ -1,0 +1,76 @@
+"""The worker's HTTP endpoints: /healthz, /metrics, /pools and the read-only /query."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import faust
+from aiohttp import web as aio_web
+
+from .. import metrics
+from ..settings import Settings
+from ..sinks.readonly import QueryRefused, checked
+from ..sinks.store import StoreQueryError
+
+
+def health(control: Any, landing: Any) -> tuple[bool, dict]:
+    """Healthy when each path this worker runs consumes, and the landing path's store answers.
+
+    In ``all`` the store's state is reported but does not fail the check: a
+    restart would cost the fleet its admission control and bring no store back.
+    """
+    body: dict[str, Any] = {}
+    ok = True
+    if control is not None:
+        consuming = bool(control.consumer and control.consumer.assignment())
+        body["control"] = {"consuming": consuming}
+        ok = ok and consuming
+    if landing is not None:
+        consuming = bool(landing.consumer and landing.consumer.assignment())
+        reachable = landing.store_ok and not landing.held
+        body["landing"] = {"consuming": consuming, "store": landing.store.backend if landing.store else None,
+                           "store_reachable": reachable, "sink_held": landing.held}
+        ok = ok and consuming and (reachable or control is not None)
+    body["ok"] = ok
+    return ok, body
+
+
+def add_pages(app: faust.App, settings: Settings, control: Any, landing: Any, stage2: Any) -> None:
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        ok, body = health(control, landing)
+        return web.json(body, status=200 if ok else 503)
+
+    @app.page("/metrics")
+    async def prometheus(web: Any, request: Any) -> Any:
+        return aio_web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    @app.page("/pools")
+    async def pools(web: Any, request: Any) -> Any:
+        """Pictures of the pools whose partitions this worker owns (``sluice pools`` shows all)."""
+        snapshots = stage2.snapshots if stage2 is not None else {}
+        return web.json({"pools": [snapshots[p] for p in sorted(snapshots)]})
+
+    @app.page("/query")
+    class Query(faust.web.View):
+        """Read-only SQL against this worker's store (the embedded one is locked to this process)."""
+
+        async def post(self, request: Any) -> Any:
+            if settings.query_token:
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {settings.query_token}".encode()):
+                    return self.json({"error": "missing or wrong bearer token"}, status=401)
+            if landing is None:
+                return self.json({"error": "this worker runs the control role and has no store"}, status=404)
+            if landing.store is None:
+                return self.json({"error": "the store is not open yet"}, status=503)
+            sql = (await request.read()).decode("utf-8", errors="replace")
+            try:
+                statement = checked(sql, settings.query_max_rows)
+                rows = await asyncio.to_thread(landing.store.read_only, statement)
+            except (QueryRefused, StoreQueryError) as exc:
+                return self.json({"error": str(exc)}, status=400)
+            truncated = len(rows) > settings.query_max_rows
+            return self.json({"rows": rows[: settings.query_max_rows], "truncated": truncated})

@@ -1,0 +1,127 @@
+"""Stage 2 of the control path: partials → the control loop → pictures and signed signals on Kafka.
+
+Partials are co-partitioned by pool, so each pool's picture is computed by
+exactly one worker (Faust's group ``app_id``); scaling out moves pools
+between workers. Each merged partial is kept in a changelog table until it
+leaves the cost window, so after a restart or rebalance the states are
+rebuilt from the table, and partial ids make a redelivered partial count once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from .. import metrics
+from ..admission.keyring import active_key
+from ..admission.policy import STATES, config_from
+from ..control_loop import ControlLoop, Signal
+from ..events import PRIORITIES
+from ..load.config import PictureConfigs
+from ..load.partial import Partial
+from ..load.picture import AXES
+from ..settings import Settings, SettingsError
+from ..pools_view import absorb
+from ..topic_reader import open_from_beginning
+
+log = logging.getLogger(__name__)
+KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
+
+
+def control_loop(settings: Settings) -> ControlLoop:
+    try:
+        policy = config_from(settings.admission_policy)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    key_id, secret = active_key(settings)
+    return ControlLoop(PictureConfigs(settings), policy, key_id, secret, int(settings.heartbeat_s * 1000))
+
+
+class Stage2:
+    def __init__(self, settings: Settings, table: Any, load_topic: Any, admission_topic: Any) -> None:
+        self.loop = control_loop(settings)
+        self.table = table
+        self.load_topic = load_topic
+        self.admission_topic = admission_topic
+        self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
+
+    @property
+    def snapshots(self) -> dict[str, dict]:
+        return self.loop.pictures
+
+    def merge(self, partial: Partial, raw: bytes) -> None:
+        """Called inside stream iteration, so table writes go to the partial's own partition.
+        ``raw`` is the partial as received: it is what the changelog keeps."""
+        evicted = self.loop.merge(partial)
+        if evicted is None:
+            metrics.PARTIALS_DUPLICATE.inc()
+            return
+        metrics.PARTIALS_MERGED.inc()
+        pool_key = partial.pool.encode() + KEY_SEP
+        self.table[pool_key + partial.id.encode()] = raw
+        for partial_id in evicted:
+            self.table.pop(pool_key + partial_id.encode(), None)
+
+    def rebuild(self) -> None:
+        """States of the pools whose partitions this worker owns, from the (recovered) table."""
+        partials = [Partial.from_bytes(value) for value in list(self.table.values())]
+        self.loop.rebuild(partials)
+        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s)", len(self.loop.states), len(partials))
+
+    async def publish(self) -> int:
+        """One step of the control loop; its pictures and signals go out, and into the metrics."""
+        now = time.time()
+        step = self.loop.step(int(now * 1000), self.fleet)
+        sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
+        sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
+        if sent:
+            await asyncio.gather(*sent)
+        for picture in step.pictures:
+            metrics.PICTURE_LAG.observe(max(0.0, now - picture["watermark_ms"] / 1000))
+            export_picture(picture)
+        for signal in step.signals:
+            export_signal(signal, now)
+        return len(step.pictures)
+
+    async def follow_fleet(self, bootstrap: str, topic: str) -> None:
+        """Keep every pool's newest picture, whichever worker computes it, for redirect decisions."""
+        consumer, _ = await open_from_beginning(bootstrap, topic)
+        try:
+            while True:
+                absorb(self.fleet, await consumer.getmany(timeout_ms=500))
+        finally:
+            await consumer.stop()
+
+
+def export_signal(signal: Signal, now_s: float) -> None:
+    label = metrics.pool_label(signal.pool)
+    decision = signal.decision
+    metrics.SIGNALS_PUBLISHED.labels(label).inc()
+    metrics.DECISION_LATENCY.labels(label).observe(max(0.0, now_s - signal.picture["watermark_ms"] / 1000))
+    for state in STATES + ("stale",):
+        metrics.ADMISSION_STATE.labels(label, state).set(1 if state == decision.state else 0)
+    for cls in PRIORITIES:
+        metrics.ADMIT_FRACTION.labels(label, cls).set(decision.signal["admit_fraction"][cls])
+
+
+def export_picture(snapshot: dict) -> None:
+    label = metrics.pool_label(snapshot["pool"])
+    axes = snapshot["axes"]
+    metrics.POOL_PRESSURE.labels(label).set(snapshot["pressure"])
+    metrics.POOL_LATE_EVENTS.labels(label).set(snapshot["late_events"])
+    for axis in AXES:
+        metrics.POOL_AXIS_PRESSURE.labels(label, axis).set(axes[axis]["pressure"])
+        metrics.POOL_AXIS_VALUE.labels(label, axis).set(_number(axes[axis]["value"]))
+    metrics.POOL_COST_PER_TASK.labels(label).set(_number(axes["cost"]["value"]))
+    metrics.POOL_GOODPUT.labels(label).set(snapshot["rates"]["goodput_tasks_per_s"])
+    metrics.POOL_RETRY_AMPLIFICATION.labels(label).set(_number(axes["errors"]["detail"]["retry_amplification"]))
+    metrics.POOL_PREEMPTIONS.labels(label).set(axes["kv_cache"]["detail"]["preemptions_per_s_per_replica"])
+    metrics.POOL_STALE_REPLICAS.labels(label).set(snapshot["replicas"]["stale"])
+
+
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else value
