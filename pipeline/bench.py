@@ -119,7 +119,7 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
     from .ingest import Record
     from .sinks.blocks import process_block
     from .sinks.migrations import migrate
-    from .sinks.store import ChdbStore
+    from .sinks.store import ClickHouseStore
 
     requests = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=13,
                                     start_ms=int(time.time() * 1000)) if e.kind == "request")
@@ -128,7 +128,7 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
     blocks = [process_block(RequestEvent, records[i:i + block_rows], 1 << 20, 0)
               for i in range(0, len(records), block_rows)]
     payloads = [(b"\n".join(b.landed_rows()), b.token(b.table)) for b in blocks]
-    store = ChdbStore(work_dir / f"landing-{uuid.uuid4().hex[:6]}")
+    store = ClickHouseStore.embedded(work_dir / f"landing-{uuid.uuid4().hex[:6]}")
     try:
         migrate(store)
         store.command("CREATE TABLE plain_events AS request_events ENGINE = MergeTree ORDER BY tuple()")

@@ -25,13 +25,13 @@ class QueryFailed(RuntimeError):
 def run_query(settings: Settings, sql: str, url: str | None = None) -> tuple[list[dict[str, Any]], bool]:
     """(rows, truncated)."""
     if settings.clickhouse_url and url is None:
-        from .sinks.store import ServerStore, StoreQueryError
+        from .sinks.store import ClickHouseStore, StoreQueryError
 
         try:
             statement = checked(sql, settings.query_max_rows)
         except QueryRefused as exc:
             raise QueryFailed(str(exc)) from None
-        store = ServerStore(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
+        store = ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
         try:
             rows = store.read_only(statement)
         except StoreQueryError as exc:

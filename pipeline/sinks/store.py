@@ -1,9 +1,10 @@
-"""One small interface over the two ClickHouse backends.
+"""One store over the two ClickHouse backends, both through clickhouse-connect.
 
-The embedded engine (chdb) is the default: a data directory, no server. Its
-directory is locked by one process, so the worker that lands rows is also the
-one that serves reads. A ClickHouse server is used through clickhouse-connect
-when ``clickhouse_url`` is set. The same ``sql/`` files run on both.
+The embedded engine (chdb, clickhouse-connect's ``chdb`` interface) is the
+default: a data directory, no server. Its directory is locked by one process,
+so the worker that lands rows is also the one that serves reads. A ClickHouse
+server is used when ``clickhouse_url`` is set. The same ``sql/`` files run on
+both.
 """
 
 from __future__ import annotations
@@ -60,107 +61,74 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-class ChdbStore:
-    backend = "chdb"
+class ClickHouseStore:
+    """The store through clickhouse-connect: ``chdb://<absolute path>`` (embedded) or a server URL.
 
-    def __init__(self, path: Path) -> None:
-        from chdb import session
+    Both backends are the same client API; what differs is said where it matters:
+    the directory lock of an embedded store, and how a query is made read-only.
+    """
 
-        path.mkdir(parents=True, exist_ok=True)
-        if _locked_by_another_process(path / "status"):
-            raise StoreUnavailable(
-                f"chdb store {path} is in use by another process (one process per embedded store); "
-                "run several workers against a ClickHouse server (CLICKHOUSE_URL), or give each its own chdb_path")
-        try:
-            self._session = session.Session(str(path))
-        except Exception as exc:
-            raise StoreUnavailable(f"cannot open chdb store {path}: {exc}") from exc
-        self.path = path
+    def __init__(self, dsn: str, user: str = "default", password: str = "") -> None:
         self._lock = threading.Lock()
-        self._reader = None
         self._closed = False
-        for name, value in JSON_SETTINGS.items():
-            self._run(f"SET {name} = {value}")
-
-    def _run(self, sql: str, fmt: str = "CSV"):
-        with self._lock:
-            if self._closed:
-                raise StoreUnavailable(f"chdb store {self.path} is closed")
+        self._reader = None  # chdb only: the second client, read-only for its whole life
+        if dsn.startswith("chdb://"):
+            self.backend = "chdb"
+            self.path = Path(dsn[len("chdb://"):]).resolve()
+            self._where = f"chdb store {self.path}"
+            self.path.mkdir(parents=True, exist_ok=True)
+            if _locked_by_another_process(self.path / "status"):
+                raise StoreUnavailable(
+                    f"chdb store {self.path} is in use by another process (one process per embedded store); "
+                    "run several workers against a ClickHouse server (CLICKHOUSE_URL), or give each its own chdb_path")
             try:
-                return self._session.query(sql, fmt)
+                self._client = self._connect()
             except Exception as exc:
-                raise StoreUnavailable(str(exc)) from exc
-
-    def command(self, sql: str) -> None:
-        self._run(sql)
-
-    def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
-        settings = f" SETTINGS insert_deduplication_token='{_quote(dedup_token)}'" if dedup_token else ""
-        try:
-            self._run(f"INSERT INTO {table}{settings} FORMAT JSONEachRow\n" + rows.decode())
-        except StoreUnavailable as exc:
-            raise insert_error(exc) from None
-
-    def query(self, sql: str) -> list[dict[str, Any]]:
-        result = self._run(sql, "JSONEachRow")
-        return [orjson.loads(line) for line in result.bytes().splitlines() if line]
-
-    def read_only(self, sql: str) -> list[dict[str, Any]]:
-        """Through a second session of this process, set read-only once (it cannot be unset)."""
-        from chdb import session
-
-        with self._lock:
-            if self._closed:
-                raise StoreUnavailable(f"chdb store {self.path} is closed")
-            if self._reader is None:
-                self._reader = session.Session(str(self.path))
-                self._reader.query("SET readonly = 1")
+                raise StoreUnavailable(f"cannot open chdb store {self.path}: {exc}") from exc
+        else:
+            self.backend = "server"
+            self._where = "ClickHouse server"
+            self._dsn, self._user, self._password = dsn, user, password
             try:
-                result = self._reader.query(sql, "JSONEachRow")
-            except Exception as exc:
-                # a failed query can leave a partial result behind in the session: start afresh
-                self._reader.close()
-                self._reader = None
-                raise StoreQueryError(str(exc)) from None
-        return [orjson.loads(line) for line in result.bytes().splitlines() if line]
+                self._client = self._connect()
+            except Exception as exc:  # the type only: the message may carry the URL's credentials
+                raise StoreUnavailable(f"cannot reach ClickHouse server: {type(exc).__name__}") from exc
 
-    def close(self) -> None:
-        """Waits for a call in flight, then closes; later calls fail fast without touching chdb.
+    @classmethod
+    def embedded(cls, path: Path) -> ClickHouseStore:
+        return cls(f"chdb://{Path(path).resolve()}")
 
-        Closing before the interpreter exits matters: chdb's own shutdown at
-        exit can hang if a worker thread is still inside a query.
-        """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._reader is not None:
-                self._reader.close()
-            self._session.close()
+    @classmethod
+    def server(cls, url: str, user: str, password: str) -> ClickHouseStore:
+        return cls(url, user, password)
 
-
-class ServerStore:
-    backend = "server"
-
-    def __init__(self, url: str, user: str, password: str) -> None:
+    def _connect(self, **settings: Any):
         import clickhouse_connect
 
-        try:
-            self._client = clickhouse_connect.get_client(dsn=url, username=user, password=password)
-        except Exception as exc:
-            raise StoreUnavailable(f"cannot reach ClickHouse server: {type(exc).__name__}") from exc
-        self._lock = threading.Lock()
+        settings = {**JSON_SETTINGS, **settings}  # in order: nothing can be set after readonly
+        if self.backend == "chdb":
+            # the path as a keyword, not inside the DSN: a directory name is not parsed as a URL
+            return clickhouse_connect.get_client(interface="chdb", path=str(self.path), settings=settings)
+        return clickhouse_connect.get_client(dsn=self._dsn, username=self._user, password=self._password,
+                                             settings=settings)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"{self._where} is closed")
 
     def command(self, sql: str) -> None:
         with self._lock:
+            self._check_open()
             try:
                 self._client.command(sql)
             except Exception as exc:
                 raise StoreUnavailable(str(exc)) from exc
 
     def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token else {}
+        # a SETTINGS clause of the insert on chdb, a request parameter on a server: per insert on both
+        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
         with self._lock:
+            self._check_open()
             try:
                 self._client.raw_insert(table, insert_block=rows, settings=settings, fmt="JSONEachRow")
             except Exception as exc:
@@ -168,22 +136,64 @@ class ServerStore:
 
     def query(self, sql: str) -> list[dict[str, Any]]:
         with self._lock:
+            self._check_open()
             try:
-                raw = self._client.raw_query(sql, fmt="JSONEachRow", settings=JSON_SETTINGS)
+                raw = self._client.raw_query(sql, fmt="JSONEachRow")
             except Exception as exc:
                 raise StoreUnavailable(str(exc)) from exc
         return [orjson.loads(line) for line in raw.splitlines() if line]
 
     def read_only(self, sql: str) -> list[dict[str, Any]]:
+        """One query the engine runs read-only.
+
+        On a server, ``readonly = 1`` rides with the request. On chdb a
+        per-query setting is applied with ``SET`` and restored afterwards,
+        and a read-only client cannot restore it: the writer would stay
+        read-only. So reads go through a second client of this process on the
+        same path, opened read-only once, and taking no per-query settings.
+        """
         with self._lock:
-            try:
-                raw = self._client.raw_query(sql, fmt="JSONEachRow", settings={**JSON_SETTINGS, "readonly": 1})
-            except Exception as exc:
-                raise StoreQueryError(str(exc)) from None
+            self._check_open()
+            if self.backend == "server":
+                try:
+                    raw = self._client.raw_query(sql, fmt="JSONEachRow", settings={"readonly": 1})
+                except Exception as exc:
+                    raise StoreQueryError(str(exc)) from None
+            else:
+                if self._reader is None:
+                    try:
+                        self._reader = self._connect(readonly=1)
+                    except Exception as exc:
+                        raise StoreUnavailable(f"cannot open a read-only client on {self._where}: {exc}") from exc
+                try:
+                    raw = self._reader.raw_query(sql, fmt="JSONEachRow")
+                except Exception as exc:
+                    # a failed query can leave a partial result behind on the handle: start afresh
+                    self._close_reader()
+                    raise StoreQueryError(str(exc)) from None
         return [orjson.loads(line) for line in raw.splitlines() if line]
 
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                pass
+
     def close(self) -> None:
-        self._client.close()
+        """Waits for a call in flight, then closes; later calls fail fast without touching the engine.
+
+        Closing before the interpreter exits matters on chdb: its own shutdown
+        at exit can hang if a worker thread is still inside a query.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close_reader()
+            self._client.close()
+
 
 
 def _locked_by_another_process(status_file: Path) -> bool:
@@ -202,11 +212,7 @@ def _locked_by_another_process(status_file: Path) -> bool:
     return False
 
 
-def _quote(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
-
-
 def open_store(settings: Settings) -> Store:
     if settings.clickhouse_url:
-        return ServerStore(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
-    return ChdbStore(settings.chdb_dir)
+        return ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
+    return ClickHouseStore.embedded(settings.chdb_dir)

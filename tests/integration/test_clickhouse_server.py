@@ -10,11 +10,12 @@ import orjson
 import pytest
 
 from pipeline.events import RequestEvent
-from pipeline.ingest import Record, process_block
+from pipeline.ingest import Record
+from pipeline.sinks.blocks import process_block
 from pipeline.settings import load_settings
 from pipeline.sim.specimens import request_event
 from pipeline.sinks.migrations import prepare_store
-from pipeline.sinks.store import ServerStore, StoreQueryError, StoreUnavailable, open_store
+from pipeline.sinks.store import ClickHouseStore, StoreQueryError, StoreUnavailable, open_store
 
 URL = os.environ.get("CLICKHOUSE_URL", "")
 
@@ -31,7 +32,7 @@ def test_a_closed_port_is_an_outage_with_a_clear_error_and_no_password_in_it():
 def test_server_backend_runs_the_same_sql_and_lands_exactly_once():
     settings = load_settings(env=dict(os.environ), retention_days=0)
     store = open_store(settings)
-    assert isinstance(store, ServerStore)
+    assert isinstance(store, ClickHouseStore) and store.backend == "server"
     try:
         prepare_store(store, settings)
         assert prepare_store(store, settings) == [], "migrations apply once"

@@ -1,5 +1,5 @@
 from pipeline.sinks.migrations import migrate, migration_files, statements
-from pipeline.sinks.store import ChdbStore
+from pipeline.sinks.store import ClickHouseStore
 
 
 def test_migrations_apply_once_and_a_new_one_applies_to_an_existing_store(tmp_path):
@@ -7,7 +7,7 @@ def test_migrations_apply_once_and_a_new_one_applies_to_an_existing_store(tmp_pa
     sql.mkdir()
     for _, _, path in migration_files():
         (sql / path.name).write_text(path.read_text())
-    store = ChdbStore(tmp_path / "chdb")
+    store = ClickHouseStore.embedded(tmp_path / "chdb")
     try:
         first = migrate(store, sql)
         assert first and first[0] == "001_events"

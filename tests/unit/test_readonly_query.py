@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.settings import SettingsError, load_settings
 from pipeline.sinks.readonly import QueryRefused, checked
-from pipeline.sinks.store import ChdbStore, StoreQueryError
+from pipeline.sinks.store import ClickHouseStore, StoreQueryError
 
 
 @pytest.mark.parametrize("sql,reason", [
@@ -30,7 +30,7 @@ def test_selects_are_row_limited_and_show_passes_as_is():
 
 
 def test_the_engine_refuses_writes_even_past_the_check(tmp_path):
-    store = ChdbStore(tmp_path / "chdb")
+    store = ClickHouseStore.embedded(tmp_path / "chdb")
     try:
         store.command("CREATE TABLE t (x UInt8) ENGINE = MergeTree ORDER BY x")
         store.command("INSERT INTO t VALUES (1)")

@@ -4,16 +4,17 @@ import orjson
 import pytest
 
 from pipeline.events import RequestEvent
-from pipeline.ingest import Record, process_block
+from pipeline.ingest import Record
+from pipeline.sinks.blocks import process_block
 from pipeline.sinks import positions
 from pipeline.sinks.migrations import apply_retention, migrate, sync_reference
-from pipeline.sinks.store import ChdbStore
+from pipeline.sinks.store import ClickHouseStore
 from pipeline.sim.specimens import request_event
 
 
 @pytest.fixture
 def store(tmp_path):
-    store = ChdbStore(tmp_path / "chdb")
+    store = ClickHouseStore.embedded(tmp_path / "chdb")
     migrate(store)
     yield store
     store.close()
