@@ -78,6 +78,7 @@ class ControlLoop:
         self.changed = set(self.states)
         self.pictures = {p: v for p, v in self.pictures.items() if p in self.states}
         self.decisions = {p: v for p, v in self.decisions.items() if p in self.states}
+        self.published = {p: v for p, v in self.published.items() if p in self.states}
 
     def step(self, now_ms: int, fleet: Mapping[str, dict] = {}) -> Step:
         """New pictures for changed pools, then decisions for every pool; ``fleet`` adds other

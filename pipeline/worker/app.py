@@ -46,7 +46,8 @@ def create_app(settings: Settings) -> faust.App:
     datadir.parent.mkdir(parents=True, exist_ok=True)
     bootstrap = bootstrap_servers(settings)
     app = faust.App(
-        settings.app_id,
+        # a landing-only worker runs no agents: it must not join stage 2's group
+        settings.app_id if settings.role != "landing" else f"{settings.app_id}-landing-web",
         broker=f"kafka://{bootstrap}",
         key_serializer="raw",
         value_serializer="raw",
@@ -109,7 +110,10 @@ def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_lette
 
     @app.on_rebalance_complete.connect
     async def after_recovery(sender: Any, **kwargs: Any) -> None:
-        stage2.rebuild()  # the table has just been recovered from its changelog
+        """The table has just been recovered from its changelog: rebuild the pools this worker now owns."""
+        name = topics.PARTIALS.name(settings)
+        active = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == name}
+        stage2.rebuild(active, topics.PARTIALS.partitions(settings))
 
     @app.task
     async def control_loop() -> None:

@@ -66,11 +66,20 @@ class Stage2:
         for partial_id in evicted:
             self.table.pop(pool_key + partial_id.encode(), None)
 
-    def rebuild(self) -> None:
-        """States of the pools whose partitions this worker owns, from the (recovered) table."""
-        partials = [Partial.from_bytes(value) for value in list(self.table.values())]
+    def rebuild(self, active_partitions: set[int], partitions: int) -> None:
+        """States of the pools whose partials partitions this worker owns, from the (recovered) table.
+
+        The table also holds standby copies of other workers' partitions:
+        those pools are left out, or two workers would publish for one pool.
+        """
+        partials = []
+        for key, value in list(self.table.items()):
+            pool = key.split(KEY_SEP, 1)[0]
+            if partition_of(pool, partitions) in active_partitions:
+                partials.append(Partial.from_bytes(value))
         self.loop.rebuild(partials)
-        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s)", len(self.loop.states), len(partials))
+        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s", len(self.loop.states),
+                 len(partials), sorted(active_partitions))
 
     async def publish(self) -> int:
         """One step of the control loop; its pictures and signals go out, and into the metrics."""
@@ -95,6 +104,13 @@ class Stage2:
                 absorb(self.fleet, await consumer.getmany(timeout_ms=500))
         finally:
             await consumer.stop()
+
+
+def partition_of(pool_key: bytes, partitions: int) -> int:
+    """The partials partition a pool's key lands in (Kafka's default partitioner, as the producer uses)."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(pool_key) & 0x7FFFFFFF) % partitions
 
 
 def export_signal(signal: Signal, now_s: float) -> None:
