@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import socket
 import time
@@ -64,28 +65,52 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
-    run_settings = _isolated(settings, work_dir)
+HANDLED = {"landing": ("sluice_events_accepted_total", "sluice_events_dead_lettered_total",
+                       "sluice_events_duplicate_total"),
+           "control": ("sluice_control_events_total",)}
+
+
+def handled(worker: WorkerProcess, role: str) -> float:
+    """Events a worker's ``role`` path has finished with (landed or folded, dead-lettered, duplicate)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = worker.scrape(timeout_s=2.0)
+    except OSError:
+        return 0.0
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name in HANDLED[role])
+
+
+def _request_events(events: int) -> list:
+    requests_only = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=11,
+                                         start_ms=int(time.time() * 1000)) if e.kind == "request")
+    return list(islice(requests_only, events))
+
+
+def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "landing", workers: int = 1,
+                 valid: list | None = None) -> dict:
+    """Events/s one path reads, validates and folds (control) or lands exactly once (landing), with
+    ``workers`` workers of that role, against a bare aiokafka consume + orjson decode of the same topic."""
+    run_settings = replace(_isolated(settings, work_dir), role=role, topic_partitions=max(settings.topic_partitions, 6))
     ns = run_settings.topic_namespace
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
-    requests_only = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=11,
-                                         start_ms=int(time.time() * 1000)) if e.kind == "request")
-    valid = list(islice(requests_only, events))
+    valid = valid if valid is not None else _request_events(events)
     started = time.perf_counter()
     asyncio.run(produce(run_settings, bootstrap, valid, paced=False))
     produce_s = time.perf_counter() - started
-    topic = topics.REQUESTS.name(run_settings)
+    raw_s = asyncio.run(raw_consume_decode(bootstrap, topics.REQUESTS.name(run_settings), len(valid)))
 
-    raw_s = asyncio.run(raw_consume_decode(bootstrap, topic, len(valid)))
-
-    worker = WorkerProcess(run_settings, work_dir / f"{ns}-worker.log")
+    procs = [WorkerProcess(replace(run_settings, web_port=_free_port()), work_dir / f"{ns}-{role}-{i}.log")
+             for i in range(workers)]
     try:
-        worker.start()
+        for proc in procs:
+            proc.start()
         first_at = last_at = None
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            done = worker.counts().accepted
+            done = sum(handled(proc, role) for proc in procs)
             now = time.perf_counter()
             if done and first_at is None:
                 first_at = now
@@ -93,24 +118,46 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path) -> dict:
                 last_at = now
                 break
             time.sleep(0.05)
-        rss = _rss_mib(worker.pid)
+        rss = max(_rss_mib(proc.pid) for proc in procs)
     finally:
-        worker.stop()
+        for proc in procs:
+            proc.stop()
     if last_at is None:
-        raise RuntimeError("bench worker did not finish in 600 s")
+        raise RuntimeError(f"bench {role} workers did not finish in 600 s")
     worker_s = last_at - (first_at or last_at)
     return {
-        "events": len(valid),
+        "role": role, "workers": workers, "events": len(valid),
         "produce_events_per_s": round(len(valid) / produce_s),
         "raw_consume_decode_events_per_s": round(len(valid) / raw_s),
-        "worker_ingest_events_per_s": round(len(valid) / worker_s) if worker_s else None,
+        "worker_events_per_s": round(len(valid) / worker_s) if worker_s else None,
         "worker_vs_raw_ratio": round(raw_s / worker_s, 3) if worker_s else None,
         "worker_rss_mib": round(rss, 1),
         "partitions": run_settings.topic_partitions,
         "batch_max": run_settings.ingest_batch_max,
-        "store": "server" if run_settings.clickhouse_url else "chdb",
+        "store": None if role == "control" else ("server" if run_settings.clickhouse_url else "chdb"),
         "bench_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
+    """Control-path events/s with 1..``max_workers`` control workers (each run on its own topics)."""
+    valid = _request_events(events)
+    out = {}
+    for workers in range(1, max_workers + 1):
+        figures = bench_ingest(settings, events, work_dir, "control", workers, valid)
+        out[f"control_workers_{workers}_events_per_s"] = figures["worker_events_per_s"]
+    base = out["control_workers_1_events_per_s"]
+    for workers in range(2, max_workers + 1):
+        value = out[f"control_workers_{workers}_events_per_s"]
+        out[f"speedup_{workers}_vs_1"] = round(value / base, 2) if base and value else None
+    out["cores"] = os.cpu_count()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
@@ -185,8 +232,8 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
-def histogram_quantile(text: str, name: str, q: float) -> float | None:
-    """Quantile of a Prometheus histogram (summed over labels), interpolated within its bucket."""
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
     buckets: dict[float, float] = {}
@@ -195,6 +242,11 @@ def histogram_quantile(text: str, name: str, q: float) -> float | None:
             if sample.name == name + "_bucket":
                 bound = float(sample.labels["le"])
                 buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
+    """Quantile from cumulative buckets, interpolated within its bucket."""
     if not buckets or buckets[max(buckets)] == 0:
         return None
     ordered = sorted(buckets.items())
@@ -208,6 +260,10 @@ def histogram_quantile(text: str, name: str, q: float) -> float | None:
             return round(lower_bound + (bound - lower_bound) * share, 3)
         lower_bound, lower_count = bound, count
     return None
+
+
+def histogram_quantile(text: str, name: str, q: float) -> float | None:
+    return bucket_quantile(histogram_buckets(text, name), q)
 
 
 def bench_decide(calls: int = 200_000) -> dict:
@@ -302,7 +358,9 @@ def print_table(figures: dict) -> None:
 def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_seconds: float) -> int:
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
-    figures = {"ingest": bench_ingest(settings, events, work_dir),
+    figures = {"control_path": bench_ingest(settings, events, work_dir, "control"),
+               "landing_path": bench_ingest(settings, events, work_dir, "landing"),
+               "control_scaling": bench_scaling(settings, events, work_dir),
                "landing": bench_landing(events, settings.sink_block_rows, work_dir),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
                "router_decide": bench_decide()}

@@ -95,8 +95,8 @@ class Settings:
         "Longest a block gathers rows before it lands, seconds: the bound on landing lag it adds "
         "(0 lands every fetched batch at once).", min=0, max=60))
     dedup_recent_ids: int = field(default=20000, metadata=_doc(
-        "Event ids per source partition stage 1 remembers to drop a re-sent event (a producer retry) "
-        "before it lands; rebuilt from the store after a restart.", min=0, max=10_000_000))
+        "Event ids per source partition each path remembers to drop a re-sent event (a producer retry) "
+        "before it is folded or landed; the landing path reloads them from the store after a restart.", min=0, max=10_000_000))
     retention_days: int = field(default=30, metadata=_doc(
         "Days landed rows and per-minute aggregates are kept (ClickHouse TTL); 0 keeps them forever. "
         "Applied at worker start and by `sluice db migrate`.", min=0, max=36500))
@@ -112,7 +112,7 @@ class Settings:
     log_level: str = field(default="info", metadata=_doc(
         "Worker log level.", choices=("crit", "error", "warn", "info", "debug")))
     tick_s: float = field(default=0.5, metadata=_doc(
-        "Stage 1 publishes per-pool partials and stage 2 publishes pictures every tick, seconds.",
+        "The control path publishes per-pool partials and stage 2 publishes pictures every tick, seconds.",
         min=0.05, max=60))
     fast_window_s: float = field(default=10.0, metadata=_doc(
         "Event-time window of the fast axes (demand, queue, latency, errors), seconds.", min=1, max=3600))

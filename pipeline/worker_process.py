@@ -105,6 +105,10 @@ class WorkerProcess:
     def counts(self) -> Counts:
         return scrape_counts(self.base_url)
 
+    def scrape(self, timeout_s: float = 5.0) -> str:
+        """The worker's /metrics exposition."""
+        return urllib.request.urlopen(f"{self.base_url}/metrics", timeout=timeout_s).read().decode()
+
     def kill(self) -> None:
         """kill -9: no shutdown hooks, no final commit."""
         if self.proc and self.proc.poll() is None:
