@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import socket
+import threading
 import time
 import urllib.request
 import uuid
@@ -105,8 +106,12 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
     procs = [WorkerProcess(replace(run_settings, web_port=_free_port()), work_dir / f"{ns}-{role}-{i}.log")
              for i in range(workers)]
     try:
-        for proc in procs:
-            proc.start()
+        # all at once: started one by one, the first would read everything before the others joined
+        starters = [threading.Thread(target=proc.start) for proc in procs]
+        for starter in starters:
+            starter.start()
+        for starter in starters:
+            starter.join()
         first_at = last_at = None
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
