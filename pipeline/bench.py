@@ -316,7 +316,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
     run_settings = replace(_isolated(settings, work_dir), tick_s=0.25)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
-    events_per_request = 6.0  # lifecycle events per request incl. retries, plus replica samples: measured
+    events_per_request = 7.0  # lifecycle events per request incl. retries, plus replica samples: measured
     worker = WorkerProcess(run_settings, work_dir / f"{run_settings.topic_namespace}-lag-worker.log")
     try:
         worker.start()
@@ -330,7 +330,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
             await asyncio.sleep(1.0)
             stream = generate(load_trace(), rate=events_per_s / events_per_request, seconds=seconds, seed=3,
                               start_ms=int(time.time() * 1000))
-            produced = await produce(run_settings, bootstrap, stream, paced=True)
+            produced = await produce(run_settings, bootstrap, stream, paced=True, stamp=True)
             # while traffic flows: signals published after it stops would count the idle time as latency
             during = await asyncio.to_thread(scrape)
             await asyncio.sleep(3 * run_settings.tick_s + 1)

@@ -35,10 +35,13 @@ def producer_for(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
 
 async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted], paced: bool,
                   bad: Iterable[tuple[str, bytes | None, bytes | None]] = (),
-                  progress: Callable[[float], None] | None = None) -> Produced:
+                  progress: Callable[[float], None] | None = None, stamp: bool = False) -> Produced:
     """Send every event (and the given bad records, spread through the stream) and wait for delivery.
 
-    ``bad`` is (expected reason, value, key) for the raw requests topic.
+    ``bad`` is (expected reason, value, key) for the raw requests topic. With ``stamp`` each event's
+    ``event_time`` is the moment it is sent, as live routers do: a producer that falls behind its
+    schedule then sends fewer events per second, not old ones, so lag measured downstream is the
+    pipeline's own.
     """
     requests_topic = topics.REQUESTS.name(settings)
     replicas_topic = topics.REPLICAS.name(settings)
@@ -57,7 +60,8 @@ async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted]
                 if progress:
                     progress(item.at_s)
             topic = requests_topic if item.kind == "request" else replicas_topic
-            pending.append(await producer.send(topic, orjson.dumps(item.event), key=item.key.encode()))
+            event = {**item.event, "event_time": int(time.time() * 1000)} if stamp else item.event
+            pending.append(await producer.send(topic, orjson.dumps(event), key=item.key.encode()))
             if item.kind == "request":
                 counts.requests += 1
             else:

@@ -27,11 +27,12 @@ from tests.integration.kafka_helpers import group_lag
 
 pytestmark = pytest.mark.integration
 RATE = 10_000               # events/s, paced in real time (event time = wall time)
-EVENTS_PER_REQUEST = 6.0    # lifecycle events per request plus replica samples, as sluice bench measures
-WARM_S, OUTAGE_S = 5, int(os.environ.get("SLUICE_TEST_OUTAGE_S", "150"))
-# picture lag and decision latency p99 while a producer at 10k/s shares the 2 cores with broker and worker
-# (measured 0.85-0.95 s and 1.35-1.65 s): the bound routers rely on, below the signal's 6 s validity
-LAG_TARGET_S = 2.0
+EVENTS_PER_REQUEST = 7.0    # lifecycle events per request plus replica samples in the replayed trace
+BASELINE_S, OUTAGE_S = 30, int(os.environ.get("SLUICE_TEST_OUTAGE_S", "150"))
+# picture lag and decision latency p99 (event time stamped when sent) during the outage: no worse than the
+# same traffic with the store up, measured in the same run (the producer saturates the 2 cores too), and
+# well inside the signal's validity
+LAG_BOUND_S = 3.0
 DECISION_LATENCY = "sluice_decision_latency_seconds"
 
 
@@ -109,7 +110,7 @@ class Counted:
     """The trace as it is produced, counting request events and terminal ones (the list would not fit)."""
 
     def __init__(self, stream):
-        self.stream, self.requests, self.terminal = stream, 0, 0
+        self.stream, self.requests, self.terminal, self.rate = stream, 0, 0, 0.0
 
     def __iter__(self):
         for item in self.stream:
@@ -131,31 +132,37 @@ def test_store_outage_costs_analysts_fresh_rows_never_the_fleet_its_admission_co
     def traffic(seconds, seed):
         stream = Counted(generate(load_trace(), rate=RATE / EVENTS_PER_REQUEST, seconds=seconds, seed=seed,
                                   start_ms=int(time.time() * 1000)))
-        run(produce(base, base.kafka_bootstrap_servers, stream, paced=True))
+        began = time.monotonic()
+        produced = run(produce(base, base.kafka_bootstrap_servers, stream, paced=True, stamp=True))
+        stream.rate = produced.total / (time.monotonic() - began)
         return stream
 
-    warm = traffic(WARM_S, seed=11)
-    wait_for(lambda: worker.counts().accepted >= warm.requests, 60, message="the warm-up to land")
+    def measured(seconds, seed):
+        """Traffic for ``seconds``; the decision-latency histogram's growth over it and the worker's RSS."""
+        out = {"began": time.monotonic()}
+        producer = threading.Thread(target=lambda: out.setdefault("stream", traffic(seconds, seed)))
+        before = histogram_buckets(worker.scrape(), DECISION_LATENCY)
+        producer.start()
+        out["rss"] = []
+        while producer.is_alive():
+            out["rss"].append((time.monotonic() - out["began"], rss_mib(worker.pid)))
+            producer.join(5)
+        out["ended"] = time.monotonic()
+        after = histogram_buckets(worker.scrape(), DECISION_LATENCY)
+        out["decision_p99"] = bucket_quantile({le: n - before.get(le, 0.0) for le, n in after.items()}, 0.99)
+        return out
+
     validity_s = config_from(base.admission_policy).validity_s
     raw = [topics.REQUESTS.name(base), topics.REPLICAS.name(base)]
+    watch = Watch(base)
+    watch.thread.start()
+    baseline = measured(BASELINE_S, seed=11)   # the same traffic with the store up: what the machine gives
+    wait_for(lambda: worker.counts().accepted >= baseline["stream"].requests, 120, message="the baseline to land")
 
     locked = table_dir(worker, "request_events")
     set_immutable(locked, True)
-    watch = Watch(base)
-    watch.thread.start()
-    rss: list[tuple[float, float]] = []
     try:
-        began = time.monotonic()
-        outage = {}
-        producer = threading.Thread(target=lambda: outage.setdefault("stream", traffic(OUTAGE_S, seed=12)))
-        producer.start()
-        held = wait_for(lambda: (h := health(worker))["landing"]["sink_held"] and h, 60, message="the sink to hold")
-        before = histogram_buckets(worker.scrape(), DECISION_LATENCY)
-        while producer.is_alive():
-            rss.append((time.monotonic() - began, rss_mib(worker.pid)))
-            producer.join(5)
-        ended = time.monotonic()
-        after = histogram_buckets(worker.scrape(), DECISION_LATENCY)
+        outage = measured(OUTAGE_S, seed=12)
         health_during = health(worker)
         landing_lag = run(group_lag(base.kafka_bootstrap_servers, topics.landing_group(base), raw))
     finally:
@@ -163,18 +170,25 @@ def test_store_outage_costs_analysts_fresh_rows_never_the_fleet_its_admission_co
         watch.stop.set()
     watch.thread.join(10)
 
-    assert held["ok"] is True and health_during["ok"] is True, "the control path stays healthy"
+    def picture_p99(phase):
+        return p99([lag for t, lag in watch.picture_lags if phase["began"] + 5 <= t <= phase["ended"]])
+
+    achieved = outage["stream"].rate
+    assert achieved >= 0.8 * RATE, f"the producer reached {achieved:.0f} events/s"
+    assert health_during["landing"]["sink_held"] and health_during["ok"], "held, and the control path healthy"
     assert landing_lag > RATE * OUTAGE_S * 0.5, f"landing held back: {landing_lag} records behind"
-    signals = [(t, s) for t, s in watch.signals if began + 5 <= t <= ended]
+    began, ended = outage["began"] + 5, outage["ended"]
+    signals = [(t, s) for t, s in watch.signals if began <= t <= ended]
     assert signals and all(s["state"] != "stale" for _, s in signals), "routers never see a stale signal"
     for pool in {s["pool"] for _, s in signals}:
-        times = [began + 5] + [t for t, s in signals if s["pool"] == pool] + [ended]
+        times = [began] + [t for t, s in signals if s["pool"] == pool] + [ended]
         gap = max(b - a for a, b in zip(times, times[1:]))
         assert gap < validity_s, f"{pool}: {gap:.1f} s without a signal (valid for {validity_s} s)"
-    picture_p99 = p99([lag for t, lag in watch.picture_lags if began + 5 <= t <= ended])
-    decision_p99 = bucket_quantile({le: n - before.get(le, 0.0) for le, n in after.items()}, 0.99)
-    assert picture_p99 <= LAG_TARGET_S and decision_p99 <= LAG_TARGET_S, (
-        picture_p99, decision_p99, {le: n - before.get(le, 0.0) for le, n in after.items()})
+    lags = {"picture": (picture_p99(baseline), picture_p99(outage)),
+            "decision": (baseline["decision_p99"], outage["decision_p99"])}
+    for name, (up, down) in lags.items():
+        assert down <= max(1.5 * up, up + 0.5) and down <= LAG_BOUND_S, f"{name} lag p99 store up/down: {lags}"
+    rss = outage["rss"]
     settled = [mib for t, mib in rss if t >= OUTAGE_S / 3]
     assert max(settled) - settled[0] < 100, f"worker memory bounded while held: {rss}"
 
@@ -188,12 +202,13 @@ def test_store_outage_costs_analysts_fresh_rows_never_the_fleet_its_admission_co
         m, = store.query("SELECT sum(requests) AS requests FROM pool_minute")
     finally:
         store.close()
-    requests = warm.requests + outage["stream"].requests
+    requests = baseline["stream"].requests + outage["stream"].requests
     assert n == {"rows": requests, "ids": requests}
-    assert m == {"requests": warm.terminal + outage["stream"].terminal}
-    print(f"\nstore outage: {OUTAGE_S} s at {RATE} events/s with request_events locked: landing {landing_lag} records "
-          f"behind, {len(signals)} signals, none stale; picture lag p99 {picture_p99:.3f} s, decision latency p99 "
-          f"{decision_p99:.3f} s; worker RSS {min(m for _, m in rss):.0f}-{max(m for _, m in rss):.0f} MiB; "
+    assert m == {"requests": baseline["stream"].terminal + outage["stream"].terminal}
+    print(f"\nstore outage: {OUTAGE_S} s at {achieved:.0f} events/s (target {RATE}) with request_events locked: "
+          f"landing {landing_lag} records behind, {len(signals)} signals, none stale; p99 lag store up → down: "
+          f"picture {lags['picture'][0]:.3f} → {lags['picture'][1]:.3f} s, decision {lags['decision'][0]:.3f} → "
+          f"{lags['decision'][1]:.3f} s; worker RSS {min(m for _, m in rss):.0f}-{max(m for _, m in rss):.0f} MiB; "
           f"after unlock all {requests} request events landed once")
 
 
