@@ -112,36 +112,44 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
             starter.start()
         for starter in starters:
             starter.join()
-        first_at = last_at = None
+        samples = []   # (time, events handled by each worker)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            done = sum(handled(proc, role) for proc in procs)
-            now = time.perf_counter()
-            if done and first_at is None:
-                first_at = now
-            if done >= len(valid):
-                last_at = now
+            counts = [handled(proc, role) for proc in procs]
+            samples.append((time.perf_counter(), counts))
+            if sum(counts) >= len(valid):
                 break
             time.sleep(0.05)
         rss = max(_rss_mib(proc.pid) for proc in procs)
     finally:
         for proc in procs:
             proc.stop()
-    if last_at is None:
+    if sum(samples[-1][1]) < len(valid):
         raise RuntimeError(f"bench {role} workers did not finish in 600 s")
-    worker_s = last_at - (first_at or last_at)
+    rate = _steady_rate(samples, len(valid))
     return {
         "role": role, "workers": workers, "events": len(valid),
         "produce_events_per_s": round(len(valid) / produce_s),
         "raw_consume_decode_events_per_s": round(len(valid) / raw_s),
-        "worker_events_per_s": round(len(valid) / worker_s) if worker_s else None,
-        "worker_vs_raw_ratio": round(raw_s / worker_s, 3) if worker_s else None,
+        "worker_events_per_s": round(rate) if rate else None,
+        "worker_vs_raw_ratio": round(rate * raw_s / len(valid), 3) if rate else None,
         "worker_rss_mib": round(rss, 1),
         "partitions": run_settings.topic_partitions,
         "batch_max": run_settings.ingest_batch_max,
         "store": None if role == "control" else ("server" if run_settings.clickhouse_url else "chdb"),
         "bench_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def _steady_rate(samples: list[tuple[float, list[float]]], total: int) -> float | None:
+    """Events/s while every worker was consuming: from the first sample where each has handled some
+    (the group has formed) to the one where 90% is done (before the last partitions' tail)."""
+    start = next((i for i, (_, counts) in enumerate(samples) if all(counts)), None)
+    end = next((i for i, (_, counts) in enumerate(samples) if sum(counts) >= 0.9 * total), None)
+    if start is None or end is None or end <= start:
+        return None
+    (t0, c0), (t1, c1) = samples[start], samples[end]
+    return (sum(c1) - sum(c0)) / (t1 - t0)
 
 
 def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
