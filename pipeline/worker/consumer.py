@@ -30,6 +30,76 @@ def batch_consumer(settings: Settings, bootstrap: str, group: str) -> Any:
         heartbeat_interval_ms=int(settings.session_timeout_s * 1000 / 3))
 
 
+class BatchLoop:
+    """One path's consumer loop: fetch a batch, hand it over, track lag; pause newly assigned partitions
+    until the path has decided where they start. Subclasses supply the hooks."""
+
+    lag_gauge: Any = None
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.consumer: Any = None
+        self._lag: dict[Any, int] = {}
+
+    def group(self) -> str:
+        raise NotImplementedError
+
+    def classes(self) -> dict[str, type]:
+        raise NotImplementedError
+
+    async def on_assigned(self, tp: Any) -> None:
+        """Seek ``tp`` where this path resumes it."""
+
+    async def on_revoked(self, revoked: list[tuple[str, int]]) -> None:
+        """Finish what was taken from partitions that are moving to another worker."""
+
+    async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
+        raise NotImplementedError
+
+    async def on_idle(self) -> None:
+        """Nothing arrived within ``ingest_batch_within_s``."""
+
+    async def on_stop(self) -> None:
+        """The loop ends (shutdown or a crash): drop what is in flight."""
+
+    async def consume(self, bootstrap: str) -> None:
+        from aiokafka import ConsumerRebalanceListener
+
+        s = self.settings
+        classes = self.classes()
+        loop = self
+
+        class Rebalance(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await loop.on_revoked([(tp.topic, tp.partition) for tp in revoked])
+                for tp in revoked:
+                    loop._lag.pop(tp, None)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                consumer.pause(*assigned)  # nothing is handled from a position not yet confirmed
+                for tp in assigned:
+                    await loop.on_assigned(tp)
+                consumer.resume(*assigned)
+
+        consumer = batch_consumer(s, bootstrap, self.group())
+        consumer.subscribe(list(classes), listener=Rebalance())
+        self.consumer = consumer  # before start: the first assignment can come while it starts
+        try:
+            await consumer.start()
+            while True:
+                fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
+                                                 max_records=s.ingest_batch_max)
+                if not fetched:
+                    await self.on_idle()
+                    continue
+                await self.on_fetched(records_by_topic(fetched))
+                update_lag(consumer, fetched, self._lag, self.lag_gauge, classes)
+        finally:
+            self.consumer = None
+            await self.on_stop()
+            await consumer.stop()
+
+
 def records_by_topic(fetched: dict) -> dict[str, list[Record]]:
     by_topic: dict[str, list[Record]] = {}
     for tp, messages in fetched.items():

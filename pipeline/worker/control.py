@@ -28,16 +28,18 @@ from ..events import Event, ReplicaSample, RequestEvent
 from ..ingest import Record, RecentIds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
-from .consumer import batch_consumer, commit, committed_with_metadata, records_by_topic, update_lag
+from .consumer import BatchLoop, commit, committed_with_metadata
 
 log = logging.getLogger(__name__)
 Where = tuple[str, int]
 CUT_PREFIX = "cut:"
 
 
-class ControlConsumer:
+class ControlConsumer(BatchLoop):
+    lag_gauge = metrics.CONSUMER_LAG
+
     def __init__(self, settings: Settings, dead_letter_topic: Any, partials_topic: Any) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.dead_letter_topic = dead_letter_topic
         self.partials_topic = partials_topic
         self.builders: dict[Where, PartialBuilder] = {}
@@ -46,7 +48,6 @@ class ControlConsumer:
         self.folded_to: dict[Where, int] = {}   # last offset folded
         self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
         self.unconfirmed: set[Where] = set()    # published cuts whose end the group has not committed
-        self.consumer: Any = None
         self._lock = asyncio.Lock()
 
     def _builder(self, where: Where) -> PartialBuilder:
@@ -165,39 +166,23 @@ class ControlConsumer:
             state.pop(where, None)
         self.unconfirmed.discard(where)
 
-    async def consume(self, bootstrap: str) -> None:
-        """Fetch, fold, repeat; partials go out on the tick (``publish_partials``), not per fetch."""
-        from aiokafka import ConsumerRebalanceListener
+    def group(self) -> str:
+        return topics.control_group(self.settings)
 
+    def classes(self) -> dict[str, type]:
         s = self.settings
-        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
-        control = self
-        lag: dict[Any, int] = {}
+        return {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
 
-        class Rebalance(ConsumerRebalanceListener):
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await control.publish_partials([(tp.topic, tp.partition) for tp in revoked])
-                for tp in revoked:
-                    control.forget(tp.topic, tp.partition)
-                    lag.pop(tp, None)
+    async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
+        """Fold at once; partials go out on the tick (``publish_partials``), not per fetch."""
+        classes = self.classes()
+        for topic, records in by_topic.items():
+            await self.handle(classes[topic], records)
 
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                consumer.pause(*assigned)  # nothing is folded from a position not yet confirmed
-                for tp in assigned:
-                    await control.assigned(consumer, tp)
-                consumer.resume(*assigned)
+    async def on_assigned(self, tp: Any) -> None:
+        await self.assigned(self.consumer, tp)
 
-        consumer = batch_consumer(s, bootstrap, topics.control_group(s))
-        consumer.subscribe(list(classes), listener=Rebalance())
-        await consumer.start()
-        self.consumer = consumer
-        try:
-            while True:
-                fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
-                                                 max_records=s.ingest_batch_max)
-                for topic, records in records_by_topic(fetched).items():
-                    await self.handle(classes[topic], records)
-                update_lag(consumer, fetched, lag, metrics.CONSUMER_LAG, classes)
-        finally:
-            self.consumer = None
-            await consumer.stop()
+    async def on_revoked(self, revoked: list[Where]) -> None:
+        await self.publish_partials(revoked)
+        for where in revoked:
+            self.forget(*where)

@@ -21,18 +21,20 @@ from ..settings import Settings
 from ..sinks.block_sink import BlockSink
 from ..sinks.migrations import prepare_store
 from ..sinks.store import Store, StoreUnavailable, open_store
-from .consumer import batch_consumer, commit, records_by_topic, update_lag
+from .consumer import BatchLoop, commit
 
 log = logging.getLogger(__name__)
 
 
-class LandingConsumer:
+class LandingConsumer(BatchLoop):
+    lag_gauge = metrics.LANDING_CONSUMER_LAG
+
     def __init__(self, settings: Settings, dead_letter_topic: Any) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.dead_letter_topic = dead_letter_topic
         self.store: Store | None = None
         self.sink: BlockSink | None = None
-        self.consumer: Any = None
+        self._inflight: list[asyncio.Task] = []   # one landing per fetched batch, oldest first
         self.store_ok = False
         self._ready_lock = asyncio.Lock()
 
@@ -73,61 +75,48 @@ class LandingConsumer:
         self.sink.add(cls, records, int(time.time() * 1000))
         return self.sink.flush()
 
-    async def consume(self, bootstrap: str) -> None:
-        from aiokafka import ConsumerRebalanceListener, TopicPartition
+    def group(self) -> str:
+        return topics.landing_group(self.settings)
 
+    def classes(self) -> dict[str, type]:
         s = self.settings
-        await self.ready()
-        classes = {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample,
-                   topics.ADMISSION.name(s): AdmissionSignal}
-        inflight: list[asyncio.Task] = []   # one landing per fetched batch, oldest first
-        lag: dict[Any, int] = {}
-        landing = self
+        return {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample,
+                topics.ADMISSION.name(s): AdmissionSignal}
 
-        async def settle(keep: int = 0) -> None:
-            """Wait until at most ``keep`` landings are in flight, then commit what the others landed."""
-            offsets: dict[tuple[str, int], int] = {}
-            while len(inflight) > keep or (inflight and inflight[0].done()):
-                offsets.update(await inflight.pop(0))
-            if offsets:
-                await commit(consumer, {TopicPartition(t, p): o for (t, p), o in offsets.items()})
+    async def _settle(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` landings are in flight, then commit what the others landed."""
+        from aiokafka import TopicPartition
 
-        class Rebalance(ConsumerRebalanceListener):
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                inflight.append(landing.sink.flush([(tp.topic, tp.partition) for tp in revoked]))
-                await settle()
-                for tp in revoked:
-                    landing.sink.forget(tp.topic, tp.partition)
-                    lag.pop(tp, None)
+        offsets: dict[tuple[str, int], int] = {}
+        while len(self._inflight) > keep or (self._inflight and self._inflight[0].done()):
+            offsets.update(await self._inflight.pop(0))
+        if offsets and self.consumer is not None:
+            await commit(self.consumer, {TopicPartition(t, p): o for (t, p), o in offsets.items()})
 
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                # paused until resumed: nothing may be handled from a position the store has not confirmed
-                consumer.pause(*assigned)
-                for tp in assigned:
-                    committed = await consumer.committed(tp) or 0
-                    start = await landing.sink.resume(classes[tp.topic], tp.topic, tp.partition, committed)
-                    consumer.seek(tp, start)
-                consumer.resume(*assigned)
+    async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
+        classes = self.classes()
+        for topic, records in by_topic.items():
+            self.sink.add(classes[topic], records, int(time.time() * 1000))
+        await self._settle(keep=self.settings.ingest_landing_depth - 1)
+        self._inflight.append(self.sink.flush())
 
-        consumer = batch_consumer(s, bootstrap, topics.landing_group(s))
-        consumer.subscribe(list(classes), listener=Rebalance())
-        await consumer.start()
-        self.consumer = consumer
-        try:
-            while True:
-                fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
-                                                 max_records=s.ingest_batch_max)
-                if not fetched:
-                    inflight.append(self.sink.flush())
-                    await settle()
-                    continue
-                for topic, records in records_by_topic(fetched).items():
-                    self.sink.add(classes[topic], records, int(time.time() * 1000))
-                update_lag(consumer, fetched, lag, metrics.LANDING_CONSUMER_LAG, classes)
-                await settle(keep=s.ingest_landing_depth - 1)
-                inflight.append(self.sink.flush())
-        finally:
-            self.consumer = None
-            for task in inflight:
-                task.cancel()
-            await consumer.stop()
+    async def on_idle(self) -> None:
+        self._inflight.append(self.sink.flush())
+        await self._settle()
+
+    async def on_revoked(self, revoked: list[tuple[str, int]]) -> None:
+        self._inflight.append(self.sink.flush(revoked))
+        await self._settle()
+        for where in revoked:
+            self.sink.forget(*where)
+
+    async def on_assigned(self, tp: Any) -> None:
+        """Paused until resumed: nothing may be handled from a position the store has not confirmed."""
+        committed = await self.consumer.committed(tp) or 0
+        start = await self.sink.resume(self.classes()[tp.topic], tp.topic, tp.partition, committed)
+        self.consumer.seek(tp, start)
+
+    async def on_stop(self) -> None:
+        for task in self._inflight:
+            task.cancel()
+        self._inflight.clear()
