@@ -216,6 +216,7 @@ def _isolated(settings: Settings, work_dir: Path) -> Settings:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return replace(settings, topic_namespace=ns, app_id=f"sluice-{ns}", web_port=port,
+                   dev_signing_key=not settings.signing_keys,
                    kafka_bootstrap_servers=bootstrap_servers(settings), state_dir=work_dir / ns)
 
 

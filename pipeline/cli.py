@@ -84,7 +84,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         asyncio.run(ensure_topics(settings, bootstrap_servers(settings)))
     except NoBroker as exc:
         sys.exit(f"sluice worker: {exc}")
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except SettingsError as exc:
+        sys.exit(f"sluice worker: {exc}")
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
     return 0

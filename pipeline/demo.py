@@ -56,8 +56,10 @@ def run_demo(settings: Settings, seconds: float = 180.0) -> int:
           f"{capacity.peak_tokens_per_s_per_replica:.0f} peak tokens/s per replica")
 
     namespace = settings.topic_namespace or f"demo{int(time.time())}"
+    # a local demonstration: the development signing key unless keys are configured
     demo_settings = replace(sluice_settings(capacity, settings), topic_namespace=namespace,
-                            app_id=f"{settings.app_id}-{namespace}", kafka_bootstrap_servers=bootstrap)
+                            app_id=f"{settings.app_id}-{namespace}", kafka_bootstrap_servers=bootstrap,
+                            dev_signing_key=not settings.signing_keys)
     _step("worker (ingest, load picture, admission signals, landing in the embedded ClickHouse)")
     worker = WorkerProcess(demo_settings, settings.state_dir / "demo-worker.log")
     try:

@@ -20,6 +20,7 @@ import orjson
 from .contract import Invalid, compile_schema, describe, load_schema
 
 SCHEMA_VERSION = 1
+MAX_SOURCE_TIMESTAMP_MS = 4102444800000  # 2100-01-01, the schema's bound on a record's Kafka timestamp
 DEAD_LETTER_NAMESPACE = uuid.UUID("5a7c1ce0-0000-4000-8000-000000000001")
 
 PRIORITIES = ("critical", "standard", "sheddable", "deferrable")
@@ -182,6 +183,8 @@ def decode(cls: type[Event], value: bytes | None, key: bytes | None, max_bytes: 
         if key != expected.encode():
             raise Invalid("key_mismatch", f"record key {describe(key)} differs from {cls.key_field} "
                                           f"{describe(expected)}; the key decides the partition")
+        # one event, one id: a UUID re-sent in upper case must not pass the duplicate checks as another event
+        document["event_id"] = document["event_id"].lower()
         return cls(**document)
     except Invalid as exc:
         return Rejected(exc.reason, exc.detail[:1024])
@@ -198,6 +201,8 @@ def dead_letter(rejected: Rejected, value: bytes | None, key: bytes | None, topi
     """
     where = f"{topic}/{partition}/{offset}"
     raw = value or b""
+    if timestamp_ms is not None and not 0 <= timestamp_ms <= MAX_SOURCE_TIMESTAMP_MS:
+        timestamp_ms = None  # -1 (none), or a clock no store can hold: the letter must land whatever it is
     letter = {
         "schema_version": SCHEMA_VERSION,
         "event_id": str(uuid.uuid5(DEAD_LETTER_NAMESPACE, where)),

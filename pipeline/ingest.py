@@ -59,12 +59,36 @@ class Decoded:
     oldest_event_ms: int = 0
 
 
+@dataclass(frozen=True)
+class TimeBounds:
+    """How far an event's time may be from the worker's clock: ahead (skew; None: any), behind (age; 0: any).
+    The workers bound both from settings; the defaults bound nothing, for pure callers replaying old data."""
+
+    max_ahead_ms: int | None = None
+    max_age_ms: int = 0
+
+    @classmethod
+    def of(cls, settings) -> "TimeBounds":
+        return cls(int(settings.max_clock_skew_s * 1000), int(settings.max_event_age_s * 1000))
+
+    def check(self, event_time: int, now_ms: int) -> Rejected | None:
+        if self.max_ahead_ms is not None and event_time > now_ms + self.max_ahead_ms:
+            return Rejected("event_time_ahead", f"event_time {event_time} is {(event_time - now_ms) / 1000:.0f} s "
+                                                f"ahead of the worker's clock (max_clock_skew_s)")
+        if self.max_age_ms and event_time < now_ms - self.max_age_ms:
+            return Rejected("event_time_too_old", f"event_time {event_time} is {(now_ms - event_time) / 1000:.0f} s "
+                                                  f"old (max_event_age_s)")
+        return None
+
+
 def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                   seen: RecentIds | None = None) -> Decoded:
+                   seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> Decoded:
     """Every record ends as an event, a dead letter or a counted duplicate."""
     out = Decoded()
     for rec in records:
         result = decode(cls, rec.value, rec.key, max_bytes)
+        if not isinstance(result, Rejected):
+            result = bounds.check(result.event_time, now_ms) or result
         if isinstance(result, Rejected):
             key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
                                       rec.timestamp_ms, now_ms)

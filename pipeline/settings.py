@@ -121,6 +121,14 @@ class Settings:
     allowed_lateness_s: float = field(default=30.0, metadata=_doc(
         "Events this much older than a pool's newest event are counted as late and left out.",
         min=0, max=86400))
+    max_clock_skew_s: float = field(default=60.0, metadata=_doc(
+        "Events whose event_time is more than this ahead of the worker's clock are dead-lettered "
+        "(`event_time_ahead`): a fast clock or a forged time must never move a pool's watermark.",
+        min=1, max=86400))
+    max_event_age_s: float = field(default=7 * 86400.0, metadata=_doc(
+        "Events older than this (by the worker's clock) are dead-lettered (`event_time_too_old`); 0 accepts "
+        "any age (replaying an old trace). Bounds how many day partitions one landing block can touch.",
+        min=0, max=10 * 365 * 86400))
     replica_stale_after_s: float = field(default=15.0, metadata=_doc(
         "A replica with no sample for this long (event time) is stale: saturated, its capacity leaves the pool.",
         min=1, max=86400))
@@ -139,9 +147,13 @@ class Settings:
         "see docs/admission-signal.md)."))
     signing_key_id: str = field(default="dev", metadata=_doc(
         "Key id the controller signs admission signals with (must be in `signing_keys`)."))
+    dev_signing_key: bool = field(default=False, metadata=_doc(
+        "Sign admission signals with the built-in development key when `signing_keys` is empty. Off: a "
+        "controller without keys refuses to start (anyone can read the development key). Refused with a "
+        "non-loopback `web_host`."))
     signing_keys: dict = field(default_factory=dict, metadata=_doc(
         "Key id → HMAC secret for admission signals; routers accept every id listed (rotation "
-        "overlap). Empty: a development key, with a warning. Never logged."))
+        "overlap). Empty: a controller refuses to start unless `dev_signing_key` is on. Never logged."))
     gpu_prices: dict = field(default_factory=dict, metadata=_doc(
         "Hardware → $ per GPU-hour, added to or overriding the built-in price table."))
 
@@ -150,6 +162,9 @@ class Settings:
             _check(f, getattr(self, f.name))
         if self.cost_window_s < self.fast_window_s:
             raise SettingsError("setting cost_window_s must be at least fast_window_s")
+        if self.dev_signing_key and not _loopback(self.web_host):
+            raise SettingsError(f"dev_signing_key is for a development machine: web_host={self.web_host} is not "
+                                "a loopback address; set signing_keys")
         if not self.query_token and not _loopback(self.web_host):
             raise SettingsError(f"web_host={self.web_host} is not a loopback address: set query_token so that "
                                 "the read-only /query endpoint is not open to the network")

@@ -51,11 +51,13 @@ def namespace() -> str:
 def settings(kafka_bootstrap, namespace, tmp_path) -> Settings:
     """Settings for one test: its own topics, consumer group, store and HTTP port.
 
-    Retention is off: the trace replays at fixed past dates, which a TTL would drop on insert.
+    Retention and the event-age bound are off: the trace replays at fixed past dates, which a TTL would
+    drop on insert and the age bound would dead-letter.
     """
     return load_settings(env={}, kafka_bootstrap_servers=kafka_bootstrap, topic_namespace=namespace,
                          app_id=f"sluice-{namespace}", state_dir=str(tmp_path / "state"),
-                         web_port=free_port(), retention_days=0)
+                         web_port=free_port(), retention_days=0, max_event_age_s=0,
+                         dev_signing_key=True)
 
 
 @pytest.fixture

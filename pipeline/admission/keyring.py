@@ -11,9 +11,14 @@ DEV_KEYS = {"dev": "sluice-development-key-do-not-use-in-production"}
 
 
 def keyring(settings: Settings) -> dict[str, bytes]:
+    """Key id → secret; without configured keys, the development key only where explicitly allowed."""
+    if not settings.signing_keys and not settings.dev_signing_key:
+        raise SettingsError("no signing keys: set SLUICE_SIGNING_KEYS (key id → secret of 16+ characters), or "
+                            "SLUICE_DEV_SIGNING_KEY=true on a development machine")
     keys = settings.signing_keys or DEV_KEYS
     if not settings.signing_keys:
-        log.warning("admission signals are signed with the development key: set SLUICE_SIGNING_KEYS")
+        log.warning("admission signals are signed with the development key (dev_signing_key): "
+                    "anyone can forge them; set SLUICE_SIGNING_KEYS")
     ring = {}
     for key_id, secret in keys.items():
         if not isinstance(secret, str) or len(secret) < 16:

@@ -29,7 +29,8 @@ tick. Tasks already under way shed ``continuing_credit`` levels later.
 
 A **stale** picture (no new event for ``stale_after_s``) keeps the last
 decision for ``stale_hold_s`` (fail-static), then relaxes L toward zero in
-the same bounded steps (fail-open).
+the same bounded steps (fail-open) and drops the stale picture's predicted
+wait (to 0: no early rejection) and retry-budget tightening at once.
 """
 
 from __future__ import annotations
@@ -242,6 +243,12 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         predicted_wait = 0.0 if not queue.get("requests_waiting") else 86400.0
     errors_pressure = picture["axes"]["errors"]["pressure"]
     retry_budget = cfg.retry_budget * min(1.0, max(0.1, 1.0 - (errors_pressure - 0.5) / 1.5))
+    if stale:
+        # fail-static, then fail-open in every field: what a stale picture says about waits and errors
+        # is held while the level is held, then dropped, so no field keeps rejecting on old news
+        held = now_ms - stale_since <= cfg.stale_hold_s * 1000 and previous.signal
+        predicted_wait = previous.signal["max_predicted_wait_s"] if held else 0.0
+        retry_budget = previous.signal["retry_budget"] if held else cfg.retry_budget
     drain = queue.get("drain_rps") or 0.0
     retry_after = min(300.0, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
     defer_after = max(cfg.defer_min_s, retry_after)

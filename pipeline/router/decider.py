@@ -44,7 +44,9 @@ class Decider:
             if retries > signal["retry_budget"] * attempts:
                 return Reject(1.0, "retry_budget")
         slo = request.slo_ttft_s
-        if slo is not None and signal["max_predicted_wait_s"] > slo:
+        # early rejection spares work that would miss its SLO, but never critical work: critical is shed
+        # only through its admit fraction, after every other class, down to the policy's floor
+        if slo is not None and request.priority != "critical" and signal["max_predicted_wait_s"] > slo:
             return self._elsewhere(signal, slo, "predicted_wait")
         fractions = signal["continuing_task_admit_fraction" if request.continuing else "admit_fraction"]
         if self.rng.random() < fractions[request.priority]:

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import metrics
 from ..events import AdmissionSignal
-from ..ingest import Record, RecentIds
+from ..ingest import Record, RecentIds, TimeBounds
 from ..settings import Settings
 from . import positions
 from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, process_block, refused_by_store
@@ -37,6 +37,7 @@ class BlockSink:
         self.store = store
         self.sink = sink or ClickHouseSink(store)
         self.send_dead_letter = send_dead_letter
+        self.bounds = TimeBounds.of(settings)
         self.cursors: dict[Where, PartitionCursor] = {}
         self.recent_ids: dict[Where, RecentIds] = {}
         self.open_blocks: dict[Where, BlockOutcome] = {}
@@ -58,7 +59,7 @@ class BlockSink:
             where = (recs[0].topic, partition)
             cursor = self.cursors.setdefault(where, PartitionCursor())
             seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
-            made += [process_block(cls, block, s.max_event_bytes, now_ms, seen, sealed)
+            made += [process_block(cls, block, s.max_event_bytes, now_ms, seen, sealed, self.bounds)
                      for block, sealed in cursor.cut(recs)]
         self._gather(made)
         return made

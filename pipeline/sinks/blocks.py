@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from ..events import AdmissionSignal, Rejected, ReplicaSample, RequestEvent, as_dict, dead_letter
-from ..ingest import Record, RecentIds, decode_records
+from ..ingest import Record, RecentIds, TimeBounds, decode_records
 
 TABLE_OF: dict[type, str] = {RequestEvent: "request_events", ReplicaSample: "replica_samples",
                              AdmissionSignal: "admission_signals"}
@@ -136,10 +136,10 @@ def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) ->
 
 
 def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                  seen: RecentIds | None = None, sealed: bool = False) -> BlockOutcome:
+                  seen: RecentIds | None = None, sealed: bool = False, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
     """Decode one block (records of one partition, in offset order) into rows."""
     first = records[0]
-    decoded = decode_records(cls, records, max_bytes, now_ms, seen)
+    decoded = decode_records(cls, records, max_bytes, now_ms, seen, bounds)
     return BlockOutcome(
         TABLE_OF[cls], first.topic, first.partition, first.offset, records[-1].offset,
         rows=[row(event, rec) for event, rec in zip(decoded.events, decoded.sources)],

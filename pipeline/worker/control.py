@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import metrics, topics
 from ..events import Event, ReplicaSample, RequestEvent
-from ..ingest import Record, RecentIds, decode_records
+from ..ingest import Record, RecentIds, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
@@ -41,6 +41,7 @@ class ControlConsumer(BatchLoop):
     def __init__(self, settings: Settings, dead_letter_topic: Any, partials_topic: Any) -> None:
         super().__init__(settings)
         self.dead_letter_topic = dead_letter_topic
+        self.bounds = TimeBounds.of(settings)
         self.partials_topic = partials_topic
         self.builders: dict[Where, PartialBuilder] = {}
         self.recent_ids: dict[Where, RecentIds] = {}
@@ -81,7 +82,7 @@ class ControlConsumer(BatchLoop):
         if not records:
             return
         seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
-        decoded = decode_records(cls, records, s.max_event_bytes, int(time.time() * 1000), seen)
+        decoded = decode_records(cls, records, s.max_event_bytes, int(time.time() * 1000), seen, self.bounds)
         if decoded.dead_letters:
             sent = [await self.dead_letter_topic.send(key=key, value=letter) for _, key, letter in decoded.dead_letters]
             await asyncio.gather(*sent)

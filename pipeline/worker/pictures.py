@@ -48,6 +48,17 @@ class Stage2:
         self.load_topic = load_topic
         self.admission_topic = admission_topic
         self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
+        self.max_ahead_ms = int(settings.max_clock_skew_s * 1000)
+
+    def _from_the_future(self, partial: Partial) -> bool:
+        """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
+        times were bounded) would move the pool's watermark and make every real event late."""
+        if partial.newest_ms <= time.time() * 1000 + self.max_ahead_ms:
+            return False
+        log.warning("ignored partial %s of pool %s: newest event time %d is ahead of the clock", partial.id,
+                    partial.pool, partial.newest_ms)
+        metrics.PARTIALS_REFUSED.inc()
+        return True
 
     @property
     def snapshots(self) -> dict[str, dict]:
@@ -56,6 +67,8 @@ class Stage2:
     def merge(self, partial: Partial, raw: bytes) -> None:
         """Called inside stream iteration, so table writes go to the partial's own partition.
         ``raw`` is the partial as received: it is what the changelog keeps."""
+        if self._from_the_future(partial):
+            return
         evicted = self.loop.merge(partial)
         if evicted is None:
             metrics.PARTIALS_DUPLICATE.inc()
@@ -76,7 +89,9 @@ class Stage2:
         for key, value in list(self.table.items()):
             pool = key.split(KEY_SEP, 1)[0]
             if partition_of(pool, partitions) in active_partitions:
-                partials.append(Partial.from_bytes(value))
+                partial = Partial.from_bytes(value)
+                if not self._from_the_future(partial):
+                    partials.append(partial)
         self.loop.rebuild(partials)
         log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s", len(self.loop.states),
                  len(partials), sorted(active_partitions))

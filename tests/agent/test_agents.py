@@ -47,7 +47,8 @@ def use_sink(app, sink):
 @pytest.fixture
 def app(tmp_path):
     settings = load_settings(env={}, kafka_bootstrap_servers="127.0.0.1:9", state_dir=str(tmp_path),
-                             app_id="sluice-agent-test", sink_block_age_s=0)  # land every batch at once
+                             app_id="sluice-agent-test", sink_block_age_s=0, dev_signing_key=True,
+                             max_event_age_s=0)  # specimens carry 2023 event times  # land every batch at once
     app = create_app(settings)
     app.finalize()
     app.conf.store = "memory://"
@@ -355,3 +356,49 @@ def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetc
     assert sink.inserts == [("request_events", "request_events:raw/0/0-5", 6)]
     open_blocks = app.landing.sink.open_blocks
     assert ("raw", 0) in open_blocks and open_blocks[("raw", 0)].start == 6
+
+
+def test_an_event_from_2100_is_dead_lettered_by_both_paths_and_never_moves_a_watermark(app):
+    import time as clock
+
+    now = int(clock.time() * 1000)
+    real = request_event(task_id="t-real", request_id="t-real-r1", event_time=now)
+    forged = request_event(task_id="t-forged", request_id="t-forged-r1", event_time=4_102_000_000_000)
+    batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in (forged, real)])
+
+    async def scenario():
+        await app.control.handle(RequestEvent, batch)
+        await app.control.publish_partials()
+        await (await app.landing.handle(RequestEvent, batch))
+
+    asyncio.run(scenario())
+    assert [orjson.loads(v)["reason"] for _, v in app.control.dead_letter_topic.sent] == ["event_time_ahead"]
+    assert [orjson.loads(r)["reason"] for r in app.landing.sink.sink.rows["dead_letters"]] == ["event_time_ahead"]
+    (_, value), = app.control.partials_topic.sent
+    assert orjson.loads(value)["newest_ms"] == now
+
+
+def test_a_changelog_poisoned_by_a_partial_from_the_future_heals_on_rebuild(app):
+    """Partials kept before event times were bounded: the rebuilt picture ignores them."""
+    from pipeline.worker.pictures import KEY_SEP, partition_of
+
+    import time as clock
+
+    now = int(clock.time() * 1000)
+    good = PartialBuilder("raw/0", 15)
+    good.fold_request(RequestEvent(**request_event(event_time=now)))
+    poisoned = PartialBuilder("raw/1", 15)
+    poisoned.fold_request(RequestEvent(**request_event(event_time=4_102_000_000_000)))
+    table = {}
+    for builder, cut in ((good, "0-0"), (poisoned, "0-0")):
+        (partial,) = builder.drain(cut)
+        table[partial.pool.encode() + KEY_SEP + partial.id.encode()] = partial.to_bytes()
+    app.stage2.table = table
+    app.stage2.rebuild({partition_of(b"llama-70b-a", 2)}, 2)
+    assert app.stage2.loop.states["llama-70b-a"].watermark_ms == now
+    again = PartialBuilder("raw/2", 15)
+    again.fold_request(RequestEvent(**request_event(event_time=4_102_000_000_000)))
+    (late_poison,) = again.drain("5-5")
+    app.stage2.merge(late_poison, late_poison.to_bytes())
+    assert app.stage2.loop.states["llama-70b-a"].watermark_ms == now, "a live partial from the future is refused"
+    assert not any(b"raw/2" in key for key in table)

@@ -115,6 +115,21 @@ def test_stale_picture_holds_then_relaxes():
     assert history[-1].signal["reasons"][0]["axis"] == "staleness"
 
 
+def test_stale_is_fail_open_in_every_field_after_the_hold():
+    """A frozen picture that predicted long waits and many errors must not keep rejecting on old news."""
+    now = 20 * TICK
+    loaded = run([{"kv_cache": 3.0}] * 20)[-1]
+    frozen = picture(watermark=now, waiting=500, drain=1.0, errors=3.0, kv_cache=3.0)
+    d = decide(frozen, loaded, CFG, now + TICK)
+    assert d.signal["max_predicted_wait_s"] == 500.0 and d.signal["retry_budget"] < CFG.retry_budget
+    for i in range(2, 400):
+        d = decide(frozen, d, CFG, now + i * TICK)
+    assert d.state == "stale"
+    assert d.signal["max_predicted_wait_s"] == 0.0, "no early rejection from a stale queue"
+    assert d.signal["retry_budget"] == CFG.retry_budget, "no tightening from stale errors"
+    assert d.signal["redirect"] == [] and all(f == 1.0 for f in d.signal["admit_fraction"].values())
+
+
 def test_retry_budget_tightens_as_errors_rise():
     calm = run([{"errors": 0.1}])[0].signal["retry_budget"]
     stormy = run([{"errors": 2.5}])[0].signal["retry_budget"]

@@ -1,10 +1,11 @@
 """The pure steps of both paths: decoding, dead letters, duplicates, landing blocks, rows and replay cuts."""
 
 import orjson
+import pytest
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import RecentIds, Record, decode_records
+from pipeline.ingest import RecentIds, Record, TimeBounds, decode_records
 from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
 
@@ -94,3 +95,23 @@ def test_event_time_text_is_exact_milliseconds():
     assert event_time_text(1_700_158_546_680) == "1700158546.680"
     assert event_time_text(1_700_158_546_005) == "1700158546.005"
     assert event_time_text(5_123) == "0000000005.123" and event_time_text(0) == "0000000000.000"
+
+
+def test_an_event_id_resent_in_upper_case_is_the_same_event():
+    event = request_event()
+    shouted = dict(event, event_id=event["event_id"].upper())
+    records = [Record("raw", 0, i, 1, b"task-1", orjson.dumps(e)) for i, e in enumerate((event, shouted))]
+    decoded = decode_records(RequestEvent, records, 1 << 20, 0, RecentIds(10))
+    assert [e.event_id for e in decoded.events] == [event["event_id"].lower()] and decoded.duplicates == 1
+
+
+@pytest.mark.parametrize("ahead_s", [3600, 365 * 86400, 75 * 365 * 86400])
+def test_an_event_ahead_of_the_workers_clock_is_dead_lettered(ahead_s):
+    now = 1_700_000_000_000  # 75 years on is still inside the schema's range (before 2100)
+    bounds = TimeBounds(max_ahead_ms=60_000, max_age_ms=7 * 86_400_000)
+    events = [request_event(event_time=now + ahead_s * 1000), request_event(event_time=now - 8 * 86_400_000),
+              request_event(event_time=now + 30_000), request_event(event_time=now - 86_400_000)]
+    records = [Record("raw", 0, i, 1, b"task-1", orjson.dumps(e)) for i, e in enumerate(events)]
+    decoded = decode_records(RequestEvent, records, 1 << 20, now, bounds=bounds)
+    assert [e.event_time for e in decoded.events] == [now + 30_000, now - 86_400_000]
+    assert decoded.reasons == {"event_time_ahead": 1, "event_time_too_old": 1}

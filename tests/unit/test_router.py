@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.admission.policy import AdmissionConfig, Decision, decide
 from pipeline.admission.signing import sign
-from pipeline.router import Admit, Decider, Defer, Redirect, Reject, Request, SignalBook
+from pipeline.router import ADMIT, Admit, Decider, Defer, Redirect, Reject, Request, SignalBook
 from tests.unit.test_admission_policy import picture
 
 KEYS = {"k1": b"0123456789abcdef-k1"}
@@ -91,7 +91,9 @@ def test_defer_redirect_and_early_rejection():
     assert decider.decide(Request("p", "standard", slo_ttft_s=0.3)) == Reject(12.0, "shed"), "a cold move would miss the SLO"
     s["max_predicted_wait_s"] = 3.0
     s["redirect"] = []
-    assert decider.decide(Request("p", "critical", slo_ttft_s=1.0)) == Reject(12.0, "predicted_wait")
+    s["admit_fraction"]["standard"] = 1.0
+    assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)) == Reject(12.0, "predicted_wait")
+    assert decider.decide(Request("p", "critical", slo_ttft_s=1.0)) == ADMIT, "critical: only its admit fraction"
 
 
 def test_local_retry_budget():

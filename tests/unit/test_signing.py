@@ -56,3 +56,28 @@ def test_forgeries_are_refused(forge, reason):
     with pytest.raises(SignatureError) as err:
         verify(forge(message), KEYS)
     assert err.value.reason == reason
+
+
+def test_a_controller_without_keys_refuses_to_start_unless_development_is_explicit():
+    import pytest
+
+    from pipeline.admission.keyring import DEV_KEYS, keyring
+    from pipeline.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="no signing keys"):
+        keyring(load_settings(env={}))
+    assert keyring(load_settings(env={}, dev_signing_key=True)) == {k: v.encode() for k, v in DEV_KEYS.items()}
+    with pytest.raises(SettingsError, match="dev_signing_key"):
+        load_settings(env={}, dev_signing_key=True, web_host="0.0.0.0", query_token="t" * 20)
+    assert keyring(load_settings(env={}, signing_keys={"k1": "s" * 16}, signing_key_id="k1")) == {"k1": b"s" * 16}
+
+
+def test_the_worker_refuses_to_start_without_keys(tmp_path):
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "SLUICE_STATE_DIR": str(tmp_path), "SLUICE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}
+    proc = subprocess.run([sys.executable, "-c", "from pipeline.worker.app import create_app; "
+                           "from pipeline.settings import load_settings; create_app(load_settings())"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "no signing keys" in proc.stderr

@@ -100,3 +100,12 @@ def test_every_example_query_in_the_storage_docs_runs_read_only(store):
     assert len(examples) >= 5
     for sql in examples:
         store.read_only(checked(sql, 100))
+
+
+@pytest.mark.parametrize("timestamp", [-1, 2**62, 10**13, -(2**63)])
+def test_a_dead_letter_lands_whatever_the_records_timestamp(store, timestamp):
+    """A malformed record with a hostile Kafka timestamp once crash-looped the worker: its row was refused."""
+    out = process_block(RequestEvent, [Record("raw", 0, 7, timestamp, b"k", b"{oops")], 1 << 20, 0)
+    land(store, out)
+    row, = store.query("SELECT reason, source_timestamp FROM dead_letters")
+    assert row == {"reason": "malformed_json", "source_timestamp": None}
