@@ -296,7 +296,7 @@ def bench_decide(calls: int = 200_000) -> dict:
     decision = Decision("p")
     for i in range(1, 5):
         decision = decide(picture, decision, AdmissionConfig(), i * 250)
-    book = SignalBook(keys)
+    book = SignalBook(keys, clock=lambda: 0.5)
     book.offer(sign({"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": 1, **decision.signal},
                     "bench", keys["bench"]))
     decider = Decider(book, seed=1, clock=lambda: 0.5)

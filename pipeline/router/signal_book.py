@@ -1,8 +1,10 @@
-"""Which admission signals a router trusts: verified, schema-valid, and newer than the last one per pool."""
+"""Which admission signals a router trusts: verified, schema-valid, timely by the router's own clock, and
+newer than the last one per pool."""
 
 from __future__ import annotations
 
-from typing import Mapping
+import time
+from typing import Callable, Mapping
 
 from ..admission.signing import SignatureError, verify
 from ..contract import Invalid
@@ -10,10 +12,20 @@ from ..events import validate
 
 
 class SignalBook:
-    """The newest trusted signal per pool, and why others were refused."""
+    """The newest trusted signal per pool, and why others were refused.
 
-    def __init__(self, keys: Mapping[str, bytes]) -> None:
+    Time is judged by the router's clock, never the controller's alone: a signal issued more than
+    ``max_skew_s`` in the future (a controller with a fast clock) is refused, or its ``seq`` would make
+    every correct signal after it look replayed; so is one valid for longer than ``max_validity_s``, and
+    one already expired on arrival (a slow clock), which would displace a valid signal.
+    """
+
+    def __init__(self, keys: Mapping[str, bytes], clock: Callable[[], float] = time.time, max_skew_s: float = 30.0,
+                 max_validity_s: float = 60.0) -> None:
         self.keys = dict(keys)
+        self.clock = clock
+        self.max_skew_ms = max_skew_s * 1000
+        self.max_validity_ms = max_validity_s * 1000
         self.signals: dict[str, dict] = {}
         self.refused: dict[str, int] = {}
 
@@ -32,6 +44,13 @@ class SignalBook:
             return self._refuse(exc.reason)
         except Invalid:
             return self._refuse("invalid")
+        now_ms = self.clock() * 1000
+        if signal["issued_at"] > now_ms + self.max_skew_ms:
+            return self._refuse("issued_in_future")
+        if signal["valid_until"] - signal["issued_at"] > self.max_validity_ms:
+            return self._refuse("validity_too_long")
+        if signal["valid_until"] < now_ms - self.max_skew_ms:
+            return self._refuse("expired")
         current = self.signals.get(signal["pool"])
         if current is not None and signal["seq"] <= current["seq"]:
             return self._refuse("replayed")

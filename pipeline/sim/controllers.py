@@ -87,13 +87,17 @@ class SluiceInProcess(NoControl):
                                 SIM_SECRET, heartbeat_ms=int(settings.heartbeat_s * 1000),
                                 new_id=lambda: str(uuid.UUID(int=ids.getrandbits(128), version=4)))
         self.builder = PartialBuilder("sim/0", settings.replica_stale_after_s)
-        self.book = SignalBook({SIM_KEY_ID: SIM_SECRET})
         self.now_s = 0.0
-        self.decider = Decider(self.book, seed=seed, clock=lambda: self.start_ms / 1000 + self.now_s)
+        self.book = SignalBook({SIM_KEY_ID: SIM_SECRET}, clock=self.clock)
+        self.decider = Decider(self.book, seed=seed, clock=self.clock)
         self._tick = 0
         self.state_changes = 0
         self.signals_published = 0
         self.history: list[tuple[float, str, dict]] = []   # (time, state, admit fractions)
+
+    def clock(self) -> float:
+        """Simulated wall time, seconds: routers and signals share it."""
+        return self.start_ms / 1000 + self.now_s
 
     def verdict(self, request: Request, now_s: float) -> Verdict:
         self.now_s = now_s

@@ -24,8 +24,8 @@ class Clock:
         return self.t
 
 
-def book_with(*messages):
-    book = SignalBook(KEYS)
+def book_with(*messages, clock=None):
+    book = SignalBook(KEYS, clock=clock or Clock(1_000.0))
     for m in messages:
         book.offer(m)
     return book
@@ -33,8 +33,8 @@ def book_with(*messages):
 
 def test_security_refusals_are_counted():
     good, _ = signed(now_ms=2_000_000)
-    older, _ = signed(now_ms=1_000_000)
-    book = SignalBook(KEYS)
+    older, _ = signed(now_ms=1_990_000)
+    book = SignalBook(KEYS, clock=Clock(2_000.0))
     assert book.offer(good)
     assert not book.offer(good.replace(b'"state":"ok"', b'"state":"critical"'))
     assert not book.offer(good[:good.rindex(b',"signature"')] + b"}")
@@ -130,3 +130,39 @@ def test_expired_signal_fail_static_then_adaptive_throttling():
 def test_no_signal_for_an_unknown_pool_throttles_adaptively():
     decider = Decider(SignalBook(KEYS), seed=1, clock=Clock(5.0))
     assert isinstance(decider.decide(Request("unknown", "standard")), Admit)
+
+
+def test_routers_judge_a_signals_time_by_their_own_clock():
+    now = 5_000_000
+    book = SignalBook(KEYS, clock=Clock(now / 1000))
+    ahead, _ = signed(now_ms=now + 3_600_000)
+    assert not book.offer(ahead), "issued an hour in the future"
+    expired, _ = signed(now_ms=now - 3_600_000)
+    assert not book.offer(expired), "expired on arrival: it would displace a valid signal"
+    good, body = signed(now_ms=now)
+    body = dict(body, valid_until=now + 3_600_000)
+    forever = sign({"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now, **body}, "k1", KEYS["k1"])
+    assert not book.offer(forever), "valid for an hour"
+    assert book.offer(good)
+    assert book.refused == {"issued_in_future": 1, "expired": 1, "validity_too_long": 1}
+
+
+def test_a_controller_an_hour_fast_cannot_pin_the_routers():
+    """Two controllers an hour apart publish for one pool: the routers follow the one whose clock is theirs."""
+    clock = Clock(5_000.0)
+    book = SignalBook(KEYS, clock=clock)
+    decider = Decider(book, seed=1, clock=clock)
+    fast_previous, right_previous = Decision("p"), Decision("p")
+    for tick in range(40):
+        now_ms = int(clock.t * 1000)
+        fast_previous = decide(picture("p", watermark=now_ms + 3_600_000, kv_cache=9.0), fast_previous,
+                               AdmissionConfig(), now_ms + 3_600_000)
+        right_previous = decide(picture("p", watermark=now_ms), right_previous, AdmissionConfig(), now_ms)
+        for decision in (fast_previous, right_previous):
+            book.offer(sign({"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now_ms,
+                             **decision.signal}, "k1", KEYS["k1"]))
+        clock.t += 0.25
+    assert fast_previous.signal["admit_fraction"]["sheddable"] == 0.0, "the fast one sheds"
+    assert book.signals["p"]["seq"] == right_previous.signal["seq"]
+    assert book.refused == {"issued_in_future": 40}
+    assert all(decider.decide(Request("p", c, slo_ttft_s=2.0)) == ADMIT for c in ("critical", "sheddable"))
