@@ -34,6 +34,9 @@ INGEST_BATCH_SECONDS = Histogram("sluice_ingest_batch_seconds",
                                  ["topic"],
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=REGISTRY)
+DEAD_LETTERS_UNLANDABLE = Counter("sluice_dead_letters_unlandable_total",
+                                  "Dead-letter rows the store refused (they stay on the dead-letter topic).",
+                                  registry=REGISTRY)
 SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by table.", ["table"], registry=REGISTRY)
 EVENTS_DUPLICATE = Counter("sluice_events_duplicate_total",
                            "Events dropped before landing because the same event_id was seen recently "

@@ -105,7 +105,7 @@ class BlockSink:
 
     async def _land_block(self, block: BlockOutcome) -> None:
         started = time.perf_counter()
-        await self.sink.land(DEAD_LETTER_TABLE, block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE))
+        await self._land_dead_letters(block)
         try:
             await self.sink.land(block.table, block.landed_rows(), block.token(block.table))
         except StoreRejected as exc:
@@ -118,6 +118,20 @@ class BlockSink:
         metrics.count_dead_letters(block.topic, block.reasons)
         if block.duplicates:
             metrics.EVENTS_DUPLICATE.labels(block.topic).inc(block.duplicates)
+
+    async def _land_dead_letters(self, block: BlockOutcome) -> None:
+        """A block's dead-letter rows; one the store refuses (it should not: they are built to land) is
+        counted and left on the dead-letter topic, where its original bytes already are."""
+        rows, token = block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE)
+        try:
+            await self.sink.land(DEAD_LETTER_TABLE, rows, token)
+        except StoreRejected:
+            for i, row_bytes in enumerate(rows):
+                try:
+                    await self.sink.land(DEAD_LETTER_TABLE, [row_bytes], f"{token}#{i}")
+                except StoreRejected as exc:
+                    log.error("store refused a dead-letter row of %s: %s", token, exc)
+                    metrics.DEAD_LETTERS_UNLANDABLE.inc()
 
     async def _land_row_by_row(self, block: BlockOutcome, refused: StoreRejected) -> None:
         """The store refused a block for its data: land its rows one by one, dead-letter the refused ones.
@@ -134,7 +148,11 @@ class BlockSink:
             except StoreRejected as exc:
                 key, letter, letter_row = refused_by_store(block, i, str(exc), int(time.time() * 1000))
                 await self.send_dead_letter(key, letter)
-                await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
+                try:
+                    await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
+                except StoreRejected as refused_letter:
+                    log.error("store refused the dead-letter row of %s#%d: %s", token, offset, refused_letter)
+                    metrics.DEAD_LETTERS_UNLANDABLE.inc()
                 metrics.count_dead_letters(block.topic, {"store_rejected": 1})
                 block.rows[i] = b""
         block.rows = [r for r in block.rows if r]

@@ -13,27 +13,47 @@ import logging
 from typing import Any, Callable, TypeVar
 
 from .. import metrics
-from .store import Store, StoreUnavailable
+from .store import Store, StoreRejected, StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class ClickHouseSink:
-    def __init__(self, store: Store, retry_initial_s: float = 0.1, retry_max_s: float = 5.0) -> None:
+    def __init__(self, store: Store, retry_initial_s: float = 0.1, retry_max_s: float = 5.0,
+                 suspect_after: int = 5) -> None:
         self.store = store
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
+        self.suspect_after = suspect_after
         self.held = False
 
-    async def call(self, label: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store call in a thread, holding and retrying while the store is unavailable."""
+    async def _answers(self) -> bool:
+        try:
+            await asyncio.to_thread(self.store.query, "SELECT 1 AS ok")
+            return True
+        except StoreUnavailable:
+            return False
+
+    async def call(self, label: str, fn: Callable[..., T], *args: Any, rows_at_fault: bool = False) -> T:
+        """Run a store call in a thread, holding and retrying while the store is unavailable.
+
+        With ``rows_at_fault`` (inserts): an error that is not a known outage, met ``suspect_after``
+        times in a row while the store answers a query, is the rows' fault — ``StoreRejected``, so the
+        caller splits the block and dead-letters the row it isolates instead of holding forever.
+        """
         delay = self.retry_initial_s
+        unclassified = 0
         while True:
             try:
                 result = await asyncio.to_thread(fn, *args)
                 break
             except StoreUnavailable as exc:
+                unclassified = 0 if exc.known_outage else unclassified + 1
+                if rows_at_fault and unclassified >= self.suspect_after and await self._answers():
+                    log.warning("store keeps refusing %s with an unclassified error while it answers queries; "
+                                "treating the rows as the cause: %s", label, exc)
+                    raise StoreRejected(f"unclassified store error, {unclassified} times: {exc}"[:1024]) from None
                 if not self.held:
                     log.warning("store unavailable, holding %s: %s", label, exc)
                 self.held = True
@@ -50,5 +70,5 @@ class ClickHouseSink:
     async def land(self, table: str, rows: list[bytes], dedup_token: str) -> None:
         if not rows:
             return
-        await self.call(table, self.store.insert, table, b"\n".join(rows), dedup_token)
+        await self.call(table, self.store.insert, table, b"\n".join(rows), dedup_token, rows_at_fault=True)
         metrics.SINK_ROWS.labels(table).inc(len(rows))

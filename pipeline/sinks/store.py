@@ -23,22 +23,44 @@ JSON_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
 
 
 class StoreUnavailable(RuntimeError):
-    """The store refused or could not be reached; the caller holds its rows and retries."""
+    """The store refused or could not be reached; the caller holds its rows and retries.
+
+    ``known_outage``: the error is one the store gives when it is down, full or overloaded (held
+    forever); otherwise it is unclassified, and a sink that keeps meeting it while the store answers
+    other queries treats the rows as the cause (see ``ClickHouseSink``)."""
+
+    def __init__(self, message: str, known_outage: bool = True) -> None:
+        super().__init__(message)
+        self.known_outage = known_outage
 
 
 class StoreRejected(ValueError):
     """The store refused the rows themselves (a value it cannot parse or hold): retrying cannot help."""
 
 
+# How every ClickHouse error met on insert is handled (codes from the server's ErrorCodes.cpp):
+# data — the rows are at fault: the block is landed row by row and refused rows are dead-lettered;
+# outage — the store is down, full, overloaded or misconfigured: hold and retry, never drop.
 DATA_ERRORS = re.compile(r"\b(CANNOT_PARSE\w*|CANNOT_READ\w*|TYPE_MISMATCH|INCORRECT_DATA|INCORRECT_JSON|"
                          r"VALUE_IS_OUT_OF_RANGE\w*|CANNOT_INSERT_NULL\w*|TOO_LARGE_STRING_SIZE|"
-                         r"ATTEMPT_TO_READ_AFTER_EOF|DECIMAL_OVERFLOW)\b")
+                         r"ATTEMPT_TO_READ_AFTER_EOF|DECIMAL_OVERFLOW|ARGUMENT_OUT_OF_BOUND)\b"
+                         r"|Too many partitions for single INSERT block")  # code 252 for one block's spread
+OUTAGE_CODES = {
+    159: "TIMEOUT_EXCEEDED", 202: "TOO_MANY_SIMULTANEOUS_QUERIES", 209: "SOCKET_TIMEOUT", 210: "NETWORK_ERROR",
+    241: "MEMORY_LIMIT_EXCEEDED", 242: "TABLE_IS_READ_ONLY", 243: "NOT_ENOUGH_SPACE",
+    252: "TOO_MANY_PARTS (merges behind inserts)", 60: "UNKNOWN_TABLE", 81: "UNKNOWN_DATABASE",
+    164: "READONLY", 497: "ACCESS_DENIED", 516: "AUTHENTICATION_FAILED", 1001: "STD_EXCEPTION (filesystem)",
+}
+CODE = re.compile(r"Code: (\d+)")
 
 
 def insert_error(exc: Exception) -> Exception:
-    """A refused insert: ``StoreRejected`` when the data is at fault, else ``StoreUnavailable`` (retry)."""
+    """A refused insert: ``StoreRejected`` when the data is at fault, else ``StoreUnavailable``."""
     message = str(exc)
-    return StoreRejected(message[:1024]) if DATA_ERRORS.search(message) else StoreUnavailable(message)
+    if DATA_ERRORS.search(message):
+        return StoreRejected(message[:1024])
+    code = CODE.search(message)
+    return StoreUnavailable(message, known_outage=code is None or int(code.group(1)) in OUTAGE_CODES)
 
 
 class StoreQueryError(ValueError):

@@ -38,3 +38,71 @@ def test_unavailable_store_holds_then_lands_once():
     assert store.inserted == [("t", b'{"a":1}\n{"a":2}', "tok")], "landed once, whole, with its token"
     assert True in observed and sink.held is False
     assert metrics.SINK_RETRIES.labels("t")._value.get() - retries_before == 4
+
+
+class PickyStore:
+    """Answers queries; refuses inserts holding a poison row with ``error``."""
+
+    backend = "chdb"
+
+    def __init__(self, error):
+        self.error, self.inserted = error, []
+
+    def query(self, sql):
+        return [{"ok": 1}]
+
+    def insert(self, table, rows, dedup_token=None):
+        if b"poison" in rows:
+            raise self.error
+        self.inserted.append((table, rows))
+
+
+def test_an_unclassified_error_while_the_store_answers_blames_the_rows_not_the_store():
+    from pipeline.sinks.store import StoreRejected
+
+    store = PickyStore(StoreUnavailable("Code: 9999. DB::Exception: something new", known_outage=False))
+    sink = ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.001, suspect_after=3)
+
+    async def scenario():
+        await sink.land("t", [b'{"a":1}'], "ok")
+        try:
+            await sink.land("t", [b'{"a":"poison"}'], "bad")
+        except StoreRejected as exc:
+            return str(exc)
+
+    assert "unclassified" in asyncio.run(scenario()) and store.inserted == [("t", b'{"a":1}')]
+
+
+def test_a_known_outage_holds_even_while_the_store_answers_queries():
+    store = PickyStore(StoreUnavailable("Code: 1001. filesystem error: Operation not permitted"))
+    sink = ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.001, suspect_after=3)
+
+    async def scenario():
+        landing = asyncio.ensure_future(sink.land("t", [b'{"a":"poison"}'], "bad"))
+        await asyncio.sleep(0.2)
+        held = not landing.done() and sink.held
+        landing.cancel()
+        return held
+
+    assert asyncio.run(scenario()), "held, never dropped"
+
+
+def test_every_insert_error_met_is_classified():
+    from pipeline.sinks.store import StoreRejected, insert_error
+
+    cases = {
+        "Code: 27. DB::Exception: Cannot parse input: expected '\"' (CANNOT_PARSE_INPUT_ASSERTION_FAILED)": "data",
+        "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100). (TOO_MANY_PARTS)":
+            "data",
+        "Code: 252. DB::Exception: Too many parts (300). Merges are processing significantly slower than inserts":
+            "outage",
+        "Code: 1001. DB::Exception: filesystem error: in create_directories: Operation not permitted": "outage",
+        "Code: 241. DB::Exception: Memory limit (total) exceeded (MEMORY_LIMIT_EXCEEDED)": "outage",
+        "Code: 243. DB::Exception: Cannot reserve 1.00 MiB, not enough space. (NOT_ENOUGH_SPACE)": "outage",
+        "HTTPDriverException: Error HTTPConnectionPool(host='localhost', port=8123): Connection refused": "outage",
+        "Code: 9999. DB::Exception: a code nobody has met": "unclassified",
+    }
+    for message, expected in cases.items():
+        error = insert_error(RuntimeError(message))
+        got = ("data" if isinstance(error, StoreRejected) else "outage" if error.known_outage else "unclassified")
+        assert got == expected, message

@@ -109,3 +109,30 @@ def test_a_dead_letter_lands_whatever_the_records_timestamp(store, timestamp):
     land(store, out)
     row, = store.query("SELECT reason, source_timestamp FROM dead_letters")
     assert row == {"reason": "malformed_json", "source_timestamp": None}
+
+
+def test_a_block_spread_over_more_days_than_one_insert_may_touch_lands_row_by_row(store):
+    """101 valid events over 101 days: ClickHouse refuses the block (code 252, too many partitions for one
+    INSERT block); that once held landing forever. Now the block is split and every row lands."""
+    import asyncio
+
+    from pipeline.settings import load_settings
+    from pipeline.sinks.block_sink import BlockSink
+
+    day = 86_400_000
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i * day)
+              for i in range(101)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    letters = []
+
+    async def send(key, value):
+        letters.append(value)
+
+    sink = BlockSink(load_settings(env={}, sink_block_age_s=0, max_event_age_s=0), store, send)
+
+    async def scenario():
+        sink.add(RequestEvent, records, now_ms=1_700_000_000_000 + 101 * day)
+        return await sink.flush()
+
+    assert asyncio.run(scenario()) == {("raw", 0): 101}
+    assert counts(store)[0] == 101 and letters == []
