@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 
 from .settings import Settings
-from .sinks.readonly import QueryRefused, checked
+from .sinks.readonly import QueryRefused, ReadLimits
 
 
 class QueryFailed(RuntimeError):
@@ -27,14 +27,10 @@ def run_query(settings: Settings, sql: str, url: str | None = None) -> tuple[lis
     if settings.clickhouse_url and url is None:
         from .sinks.store import ClickHouseStore, StoreQueryError
 
-        try:
-            statement = checked(sql, settings.query_max_rows)
-        except QueryRefused as exc:
-            raise QueryFailed(str(exc)) from None
         store = ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
         try:
-            rows = store.read_only(statement)
-        except StoreQueryError as exc:
+            rows = store.read_only(sql, ReadLimits.of(settings))
+        except (QueryRefused, StoreQueryError) as exc:
             raise QueryFailed(str(exc)) from None
         finally:
             store.close()

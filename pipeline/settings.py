@@ -77,6 +77,10 @@ class Settings:
     query_max_rows: int = field(default=10000, metadata=_doc(
         "Most rows /query and `sluice query` return; longer results are cut and marked truncated.",
         min=1, max=10_000_000))
+    query_max_seconds: float = field(default=30.0, metadata=_doc(
+        "Longest an analyst's query may run (the engine's max_execution_time), seconds.", min=0.1, max=3600))
+    query_max_memory_mb: int = field(default=2048, metadata=_doc(
+        "Most memory an analyst's query may use (the engine's max_memory_usage), MiB.", min=16, max=1 << 20))
     ingest_batch_max: int = field(default=2000, metadata=_doc(
         "Most events one fetch of either path decodes as one batch.", min=1, max=100000))
     ingest_batch_within_s: float = field(default=0.25, metadata=_doc(

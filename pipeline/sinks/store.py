@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..settings import Settings
+from .readonly import CATALOGUE_SQL, Allowed, QueryRefused, ReadLimits, check
 
 
 JSON_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
@@ -70,8 +71,8 @@ class StoreQueryError(ValueError):
 class Store(Protocol):
     backend: str
 
-    def read_only(self, sql: str) -> list[dict[str, Any]]:
-        """Run one query with the engine in read-only mode (writes and setting changes refused)."""
+    def read_only(self, sql: str, limits: ReadLimits = ReadLimits()) -> list[dict[str, Any]]:
+        """An analyst's query: sandboxed, read-only, limited (see ``readonly``); at most max_rows + 1 rows."""
 
     def command(self, sql: str) -> None: ...
 
@@ -91,9 +92,12 @@ class ClickHouseStore:
     """
 
     def __init__(self, dsn: str, user: str = "default", password: str = "") -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # the writer client: inserts, migrations, the sink's queries
+        self._read_lock = threading.Lock()   # the reader client: analysts' queries
         self._closed = False
-        self._reader = None  # chdb only: the second client, read-only for its whole life
+        self._reader = None                  # read-only, with the limits it was opened with
+        self._reader_limits: ReadLimits | None = None
+        self._allowed: Allowed | None = None
         if dsn.startswith("chdb://"):
             self.backend = "chdb"
             self.path = Path(dsn[len("chdb://"):]).resolve()
@@ -165,35 +169,48 @@ class ClickHouseStore:
                 raise StoreUnavailable(str(exc)) from exc
         return [orjson.loads(line) for line in raw.splitlines() if line]
 
-    def read_only(self, sql: str) -> list[dict[str, Any]]:
-        """One query the engine runs read-only.
+    def read_only(self, sql: str, limits: ReadLimits = ReadLimits()) -> list[dict[str, Any]]:
+        """An analyst's query: checked on the engine's own parse (``readonly.check``), then run by a
+        reader client of its own, read-only with ``limits`` — so it never waits on, or holds up, inserts.
 
-        On a server, ``readonly = 1`` rides with the request. On chdb a
-        per-query setting is applied with ``SET`` and restored afterwards,
-        and a read-only client cannot restore it: the writer would stay
-        read-only. So reads go through a second client of this process on the
-        same path, opened read-only once, and taking no per-query settings.
+        The reader is a second client opened with its settings once: on chdb a per-query setting is
+        applied with ``SET`` and restored afterwards, and a read-only client cannot restore it.
         """
-        with self._lock:
-            self._check_open()
-            if self.backend == "server":
+        with self._read_lock:
+            with self._lock:
+                self._check_open()
+            if self._reader is None or self._reader_limits != limits:
+                self._close_reader()
                 try:
-                    raw = self._client.raw_query(sql, fmt="JSONEachRow", settings={"readonly": 1})
+                    self._reader = self._connect(
+                        max_execution_time=limits.max_execution_s, max_memory_usage=limits.max_memory_bytes,
+                        max_result_rows=limits.max_rows + 1, result_overflow_mode="break", readonly=1)
+                    self._reader_limits = limits
+                    if self._allowed is None:
+                        database = self._reader.command("SELECT currentDatabase()")
+                        catalogue = self._reader.raw_query(CATALOGUE_SQL, fmt="JSONEachRow")
+                        self._allowed = Allowed.from_catalogue(
+                            [orjson.loads(line) for line in catalogue.splitlines() if line], str(database))
                 except Exception as exc:
-                    raise StoreQueryError(str(exc)) from None
-            else:
-                if self._reader is None:
-                    try:
-                        self._reader = self._connect(readonly=1)
-                    except Exception as exc:
-                        raise StoreUnavailable(f"cannot open a read-only client on {self._where}: {exc}") from exc
-                try:
-                    raw = self._reader.raw_query(sql, fmt="JSONEachRow")
-                except Exception as exc:
-                    # a failed query can leave a partial result behind on the handle: start afresh
                     self._close_reader()
-                    raise StoreQueryError(str(exc)) from None
-        return [orjson.loads(line) for line in raw.splitlines() if line]
+                    raise StoreUnavailable(f"cannot open a read-only client on {self._where}: {exc}") from exc
+            try:
+                check(self._reader.raw_query(f"EXPLAIN AST {sql}", fmt="TabSeparated").decode(), self._allowed,
+                      "TabSeparated")
+                raw = self._reader.raw_query(sql, fmt="JSONEachRow")
+            except QueryRefused:
+                raise
+            except Exception as exc:
+                # a failed query can leave a partial result behind on the handle: start afresh
+                self._close_reader()
+                raise StoreQueryError(str(exc)[:2000]) from None
+        rows = []
+        for line in raw.splitlines():
+            if line:
+                rows.append(orjson.loads(line))
+                if len(rows) > limits.max_rows:
+                    break
+        return rows
 
     def _close_reader(self) -> None:
         reader, self._reader = self._reader, None
@@ -209,7 +226,7 @@ class ClickHouseStore:
         Closing before the interpreter exits matters on chdb: its own shutdown
         at exit can hang if a worker thread is still inside a query.
         """
-        with self._lock:
+        with self._read_lock, self._lock:
             if self._closed:
                 return
             self._closed = True

@@ -11,8 +11,11 @@ from aiohttp import web as aio_web
 
 from .. import metrics
 from ..settings import Settings
-from ..sinks.readonly import QueryRefused, checked
+from ..sinks.readonly import QueryRefused, ReadLimits
 from ..sinks.store import StoreQueryError
+
+
+QUERY_MAX_BYTES = 256 * 1024
 
 
 def health(control: Any, landing: Any) -> tuple[bool, dict]:
@@ -66,10 +69,12 @@ def add_pages(app: faust.App, settings: Settings, control: Any, landing: Any, st
                 return self.json({"error": "this worker runs the control role and has no store"}, status=404)
             if landing.store is None:
                 return self.json({"error": "the store is not open yet"}, status=503)
-            sql = (await request.read()).decode("utf-8", errors="replace")
+            body = await request.read()
+            if len(body) > QUERY_MAX_BYTES:
+                return self.json({"error": f"a query is at most {QUERY_MAX_BYTES} bytes"}, status=413)
+            sql = body.decode("utf-8", errors="replace")
             try:
-                statement = checked(sql, settings.query_max_rows)
-                rows = await asyncio.to_thread(landing.store.read_only, statement)
+                rows = await asyncio.to_thread(landing.store.read_only, sql, ReadLimits.of(settings))
             except (QueryRefused, StoreQueryError) as exc:
                 return self.json({"error": str(exc)}, status=400)
             truncated = len(rows) > settings.query_max_rows

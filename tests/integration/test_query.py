@@ -35,11 +35,13 @@ def test_query_reads_the_live_store_and_never_writes(settings, worker_factory):
     assert json.loads(ok.stdout) == [{"n": requests}]
     table = sluice_query(worker.settings, "SELECT pool, count() AS n FROM request_events GROUP BY pool ORDER BY pool")
     assert table.returncode == 0 and table.stdout.splitlines()[0].split() == ["pool", "n"]
-    csv_out = sluice_query(worker.settings, "SHOW TABLES", "--format", "csv")
-    assert "request_events" in csv_out.stdout
+    csv_out = sluice_query(worker.settings, "SELECT DISTINCT pool FROM request_events ORDER BY pool", "--format", "csv")
+    assert csv_out.stdout.splitlines()[0] == "pool" and "llama-70b-a" in csv_out.stdout
 
     for sql in ("INSERT INTO request_events (pool) VALUES ('x')", "ALTER TABLE request_events DELETE WHERE 1",
-                "DROP TABLE request_events", "SELECT 1 SETTINGS readonly = 0", "SELECT 1; DROP TABLE request_events"):
+                "DROP TABLE request_events", "SELECT 1 SETTINGS readonly = 0", "SELECT 1; DROP TABLE request_events",
+                "SELECT file('/proc/self/environ')", "SELECT * FROM file('/proc/self/environ', 'RawBLOB')",
+                "SELECT name, value FROM system.settings", "SELECT getSetting('readonly')"):
         refused = sluice_query(worker.settings, sql)
         assert refused.returncode == 2 and refused.stderr.startswith("sluice query: "), (sql, refused.stderr)
     still = sluice_query(worker.settings, "SELECT count() AS n FROM request_events", "--format", "json")

@@ -93,13 +93,11 @@ def test_every_example_query_in_the_storage_docs_runs_read_only(store):
     import re
     from pathlib import Path
 
-    from pipeline.sinks.readonly import checked
-
     docs = Path(__file__).resolve().parents[2] / "docs" / "storage.md"
     examples = re.findall(r"```sql\n(.*?)```", docs.read_text(), flags=re.S)
     assert len(examples) >= 5
     for sql in examples:
-        store.read_only(checked(sql, 100))
+        store.read_only(sql)  # through the sandbox: every documented query is allowed
 
 
 @pytest.mark.parametrize("timestamp", [-1, 2**62, 10**13, -(2**63)])
