@@ -178,7 +178,7 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
     from .events import RequestEvent
     from .ingest import Record
     from .sinks.blocks import process_block
-    from .sinks.migrations import migrate
+    from .sinks.migrations import migrate, set_fsync
     from .sinks.store import ClickHouseStore
 
     requests = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=13,
@@ -201,12 +201,27 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
             store.insert("request_events", payload, token)
         sink_s = time.perf_counter() - started
         landed, = store.query("SELECT count() AS n FROM request_events")
+        # the cost of store_fsync: the same blocks into fresh copies, with and without, alternating, median of 3
+        spent: dict[bool, list[float]] = {False: [], True: []}
+        for round_no in range(3):
+            for fsync in (False, True):
+                table = f"fsync_{int(fsync)}_{round_no}"
+                store.command(f"CREATE TABLE {table} AS request_events")
+                set_fsync(store, table, fsync)
+                started = time.perf_counter()
+                for payload, token in payloads:
+                    store.insert(table, payload, token)
+                spent[fsync].append(time.perf_counter() - started)
+        no_fsync_s, fsync_s = (sorted(spent[f])[1] for f in (False, True))
     finally:
         store.close()
     return {"rows": len(records), "block_rows": block_rows, "landed_rows": landed["n"],
             "sink_rows_per_s": round(len(records) / sink_s),
             "plain_insert_rows_per_s": round(len(records) / plain_s),
-            "sink_vs_plain_ratio": round(plain_s / sink_s, 3)}
+            "sink_vs_plain_ratio": round(plain_s / sink_s, 3),
+            "sink_fsync_rows_per_s": round(len(records) / fsync_s),
+            "fsync_vs_no_fsync_ratio": round(no_fsync_s / fsync_s, 3)}
+
 
 
 def _isolated(settings: Settings, work_dir: Path) -> Settings:

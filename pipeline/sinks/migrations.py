@@ -85,6 +85,26 @@ def apply_retention(store: Store, days: int) -> list[str]:
     return changed
 
 
+def apply_durability(store: Store, fsync: bool) -> list[str]:
+    """Each landed table (and the view's target) fsyncs a part and its directory before an insert returns,
+    or not. With it, "durable" before the offset commit means on disk, not in the page cache."""
+    wanted = 1 if fsync else 0
+    changed = []
+    for table in RETAINED_TABLES:
+        rows = store.query(f"SELECT create_table_query AS q FROM system.tables "
+                           f"WHERE database = currentDatabase() AND name = '{table}'")
+        have = 1 if rows and re.search(r"\bfsync_after_insert = 1\b", rows[0]["q"]) else 0
+        if have != wanted:
+            set_fsync(store, table, fsync)
+            changed.append(table)
+    return changed
+
+
+def set_fsync(store: Store, table: str, on: bool) -> None:
+    store.command(f"ALTER TABLE {table} MODIFY SETTING fsync_after_insert = {int(on)}, "
+                  f"fsync_part_directory = {int(on)}")
+
+
 def sync_reference(store: Store, prices: dict[str, float], config: dict[str, float]) -> None:
     """Mirror the price table and the settings the views use; the settings stay the one source."""
     for table, key, value_column, values in (("gpu_prices", "hardware", "usd_per_gpu_hour", prices),
@@ -102,6 +122,9 @@ def prepare_store(store: Store, settings: Settings) -> list[str]:
     changed = apply_retention(store, settings.retention_days)
     if changed:
         log.info("retention set to %s days on %s", settings.retention_days or "unlimited", ", ".join(changed))
+    changed = apply_durability(store, settings.store_fsync)
+    if changed:
+        log.info("fsync before an insert returns %s on %s", "on" if settings.store_fsync else "off", ", ".join(changed))
     sync_reference(store, price_table(settings.gpu_prices),
                    {"replica_stale_after_s": settings.replica_stale_after_s})
     return applied

@@ -22,3 +22,23 @@ def test_migrations_apply_once_and_a_new_one_applies_to_an_existing_store(tmp_pa
 
 def test_statement_splitting_ignores_comments():
     assert statements("-- c;\nSELECT 1;\n\nSELECT 2;\n") == ["SELECT 1", "SELECT 2"]
+
+
+def test_landed_tables_fsync_before_an_insert_returns_unless_turned_off(tmp_path):
+    from pipeline.sinks.migrations import RETAINED_TABLES, apply_durability
+
+    store = ClickHouseStore.embedded(tmp_path / "chdb")
+    try:
+        migrate(store)
+
+        def fsyncing():
+            return {r["name"] for r in store.query(
+                "SELECT name FROM system.tables WHERE database = currentDatabase() "
+                "AND create_table_query LIKE '%fsync_after_insert = 1%fsync_part_directory = 1%'")}
+
+        assert sorted(apply_durability(store, True)) == sorted(RETAINED_TABLES)
+        assert fsyncing() == set(RETAINED_TABLES) and apply_durability(store, True) == []
+        apply_durability(store, False)
+        assert fsyncing() == set()
+    finally:
+        store.close()
