@@ -97,11 +97,9 @@ def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_lette
     async def pictures(stream: Any) -> None:
         async for value in stream:
             try:
-                partial = Partial.from_bytes(value)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.warning("ignored a partial that does not parse: %s", exc)
-                continue
-            stage2.merge(partial, value)
+                stage2.merge(Partial.from_bytes(value), value)
+            except Exception as exc:  # one bad record costs that record, never the agent (it would crash-loop)
+                log.warning("ignored a partial that does not parse or merge: %s: %.200s", type(exc).__name__, exc)
 
     @app.timer(interval=settings.tick_s)
     async def tick() -> None:

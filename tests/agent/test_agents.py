@@ -402,3 +402,19 @@ def test_a_changelog_poisoned_by_a_partial_from_the_future_heals_on_rebuild(app)
     app.stage2.merge(late_poison, late_poison.to_bytes())
     assert app.stage2.loop.states["llama-70b-a"].watermark_ms == now, "a live partial from the future is refused"
     assert not any(b"raw/2" in key for key in table)
+
+
+def test_garbage_on_the_partials_topic_costs_one_record_not_the_agent(app):
+    pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
+    garbage = [b"not json", b"[]", b"null", b'{"id": 1}', b'{"id": "x", "pool": "p", "requests": {"a": 1}}',
+               b"\xff\xfe", b"{" * 10_000]
+
+    async def scenario():
+        async with pictures.test_context() as agent:
+            for value in garbage:
+                await agent.put(value, key=b"p")
+            await agent.put(partial_bytes("raw/0", 1, 3), key=b"llama-70b-a")
+        return await app.stage2.publish()
+
+    assert asyncio.run(scenario()) == 1
+    assert app.stage2.loop.states["llama-70b-a"].partials_merged == 1
