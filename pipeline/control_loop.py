@@ -4,7 +4,9 @@ One implementation for the worker's stage 2 and for the simulator, so what
 the simulator measures is what the pipeline runs. No Faust, no Kafka, no
 clock reads: the caller passes ``now_ms`` and publishes what comes back.
 
-Each step: pools whose state changed get a new picture; every pool with a
+Each step: pools that merged nothing for ``pool_idle_ms`` (the caller's clock, so replays of old
+traffic count as activity) are forgotten (state is
+bounded: so is the number of pools, ``max_pools``); pools whose state changed get a new picture; every pool with a
 picture gets a decision (also unchanged ones: a pool that stops advancing
 must be seen going stale); a signal goes out when the decision changed in a
 way routers act on, or when the heartbeat is due, so silence is never
@@ -38,6 +40,7 @@ class Signal:
 class Step:
     pictures: list[dict] = field(default_factory=list)   # new pictures, for sluice.load.v1
     signals: list[Signal] = field(default_factory=list)  # due signals, for sluice.admission.v1
+    forgotten: list[str] = field(default_factory=list)   # pools idle past pool_idle_ms: tombstones for both
 
 
 def _random_id() -> str:
@@ -48,7 +51,8 @@ class ControlLoop:
     """Stage 2's state for the pools one controller owns."""
 
     def __init__(self, configs: PictureConfigs, policy: AdmissionConfig, key_id: str, secret: bytes,
-                 heartbeat_ms: int, new_id: Callable[[], str] = _random_id) -> None:
+                 heartbeat_ms: int, new_id: Callable[[], str] = _random_id, max_pools: int = 1000,
+                 pool_idle_ms: int = 600_000) -> None:
         self.configs = configs
         self.policy = policy
         self.key_id, self.secret = key_id, secret
@@ -59,11 +63,19 @@ class ControlLoop:
         self.decisions: dict[str, Decision] = {}     # newest decision per pool
         self.published: dict[str, tuple[Decision, int]] = {}  # last published decision and when
         self.changed: set[str] = set()
+        self.max_pools = max_pools          # state is bounded: invented pool names cannot grow it
+        self.pool_idle_ms = pool_idle_ms    # a pool with no event for this long is forgotten
+        self.refused_pools = 0              # partials of new pools refused at max_pools
+        self.active_ms: dict[str, int] = {}  # when (the caller's clock) each pool last merged a partial
 
     def merge(self, partial: Partial) -> list[str] | None:
-        """Fold a partial into its pool; the partial ids that left the window, or None for a duplicate."""
+        """Fold a partial into its pool; the partial ids that left the window, or None for a duplicate
+        or for a new pool beyond ``max_pools`` (counted in ``refused_pools``)."""
         state = self.states.get(partial.pool)
         if state is None:
+            if len(self.states) >= self.max_pools:
+                self.refused_pools += 1
+                return None
             state = self.states[partial.pool] = PoolState(partial.pool)
         if not state.merge(partial, self.configs.for_pool(partial.pool)):
             return None
@@ -84,6 +96,13 @@ class ControlLoop:
         """New pictures for changed pools, then decisions for every pool; ``fleet`` adds other
         controllers' pictures as redirect candidates."""
         out = Step()
+        for pool in self.changed:
+            self.active_ms[pool] = now_ms
+        for pool in [p for p in self.states if now_ms - self.active_ms.setdefault(p, now_ms) > self.pool_idle_ms]:
+            for kept in (self.states, self.pictures, self.decisions, self.published, self.active_ms):
+                kept.pop(pool, None)
+            self.changed.discard(pool)
+            out.forgotten.append(pool)
         for pool in sorted(self.changed):
             picture = self.states[pool].snapshot(self.configs.for_pool(pool))
             picture["published_at_ms"] = now_ms

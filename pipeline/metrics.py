@@ -66,6 +66,11 @@ PARTIALS_PUBLISHED = Counter("sluice_partials_published_total", "Per-pool partia
                              registry=REGISTRY)
 PARTIALS_MERGED = Counter("sluice_partials_merged_total", "Partials stage 2 merged into pictures.",
                           registry=REGISTRY)
+POOLS_REFUSED = Counter("sluice_pools_refused_total",
+                        "Partials of new pools refused because the controller tracks max_pools already.",
+                        registry=REGISTRY)
+POOLS_FORGOTTEN = Counter("sluice_pools_forgotten_total", "Pools forgotten after pool_idle_s without an event.",
+                          registry=REGISTRY)
 PARTIALS_REFUSED = Counter("sluice_partials_refused_total",
                            "Partials stage 2 ignored because their events are ahead of its clock.", registry=REGISTRY)
 PARTIALS_DUPLICATE = Counter("sluice_partials_duplicate_total",

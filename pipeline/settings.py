@@ -147,6 +147,13 @@ class Settings:
     profiles: dict = field(default_factory=dict, metadata=_doc(
         "Profiles added to or overriding the built-in `interactive`, `balanced` and `batch` "
         "(limits and SLOs per axis; see docs/load-picture.md)."))
+    max_pools: int = field(default=1000, metadata=_doc(
+        "Most pools one controller tracks; partials of further new pools are refused and counted "
+        "(sluice_pools_refused_total), so invented pool names cannot grow memory or signal traffic.",
+        min=1, max=1_000_000))
+    pool_idle_s: float = field(default=600.0, metadata=_doc(
+        "A pool with no event for this long is forgotten: its state goes, and its picture and signal are "
+        "removed from the compacted topics (tombstones).", min=10, max=30 * 86400))
     heartbeat_s: float = field(default=2.0, metadata=_doc(
         "An admission signal is republished at least this often, so silence is told from stability.",
         min=0.1, max=300))

@@ -96,6 +96,10 @@ class LandingConsumer(BatchLoop):
     async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
         classes = self.classes()
         for topic, records in by_topic.items():
+            if classes[topic] is AdmissionSignal:  # a forgotten pool's tombstone is compaction, not an event
+                records = [r for r in records if r.value is not None]
+                if not records:
+                    continue
             self.sink.add(classes[topic], records, int(time.time() * 1000))
         await self._settle(keep=self.settings.ingest_landing_depth - 1)
         self._inflight.append(self.sink.flush())

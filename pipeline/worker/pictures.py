@@ -38,7 +38,8 @@ def control_loop(settings: Settings) -> ControlLoop:
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     key_id, secret = active_key(settings)
-    return ControlLoop(PictureConfigs(settings), policy, key_id, secret, int(settings.heartbeat_s * 1000))
+    return ControlLoop(PictureConfigs(settings), policy, key_id, secret, int(settings.heartbeat_s * 1000),
+                       max_pools=settings.max_pools, pool_idle_ms=int(settings.pool_idle_s * 1000))
 
 
 class Stage2:
@@ -69,9 +70,13 @@ class Stage2:
         ``raw`` is the partial as received: it is what the changelog keeps."""
         if self._from_the_future(partial):
             return
+        refused = self.loop.refused_pools
         evicted = self.loop.merge(partial)
         if evicted is None:
-            metrics.PARTIALS_DUPLICATE.inc()
+            if self.loop.refused_pools > refused:
+                metrics.POOLS_REFUSED.inc()
+            else:
+                metrics.PARTIALS_DUPLICATE.inc()
             return
         metrics.PARTIALS_MERGED.inc()
         pool_key = partial.pool.encode() + KEY_SEP
@@ -102,6 +107,9 @@ class Stage2:
         step = self.loop.step(int(now * 1000), self.fleet)
         sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
         sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
+        for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
+            sent += [await topic.send(key=pool.encode(), value=None) for topic in (self.load_topic, self.admission_topic)]
+            metrics.POOLS_FORGOTTEN.inc()
         if sent:
             await asyncio.gather(*sent)
         for picture in step.pictures:
