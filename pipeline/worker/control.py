@@ -49,6 +49,7 @@ class ControlConsumer(BatchLoop):
         self.folded_to: dict[Where, int] = {}   # last offset folded
         self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
         self.unconfirmed: set[Where] = set()    # published cuts whose end the group has not committed
+        self.owned: set[Where] = set()          # partitions assigned to this worker now
         self._lock = asyncio.Lock()
 
     def _builder(self, where: Where) -> PartialBuilder:
@@ -59,22 +60,30 @@ class ControlConsumer(BatchLoop):
         return builder
 
     async def handle(self, cls: type[Event], records: list[Record]) -> None:
-        """Validate, dead-letter and fold one fetched batch of one topic."""
+        """Validate, dead-letter and fold one fetched batch of one topic.
+
+        Under the same lock as a cut: a fold that slipped in while a cut awaits its commit would put
+        events past the cut's end into its partial, and a successor repeating that cut would fold them
+        again; a revoke that slipped into a fold would leave a builder for a partition no longer ours.
+        """
         started = time.perf_counter()
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
-        for partition, recs in by_partition.items():
-            where = (recs[0].topic, partition)
-            end = self.replays.get(where)
-            if end is not None and recs[-1].offset >= end:
-                # the replayed cut is complete: fold it, publish it under its old id, then go on
-                await self._fold(cls, where, [r for r in recs if r.offset <= end])
-                del self.replays[where]
-                await self.publish_partials([where])
-                recs = [r for r in recs if r.offset > end]
-            if recs:
-                await self._fold(cls, where, recs)
+        async with self._lock:
+            for partition, recs in by_partition.items():
+                where = (recs[0].topic, partition)
+                if self.consumer is not None and where not in self.owned:
+                    continue  # revoked while this batch waited for the lock: its next owner reads it
+                end = self.replays.get(where)
+                if end is not None and recs[-1].offset >= end:
+                    # the repeated cut is complete: fold it, publish it under its old id, then go on
+                    await self._fold(cls, where, [r for r in recs if r.offset <= end])
+                    del self.replays[where]
+                    await self._cut([where])
+                    recs = [r for r in recs if r.offset > end]
+                if recs:
+                    await self._fold(cls, where, recs)
         metrics.INGEST_BATCH_SECONDS.labels(records[0].topic).observe(time.perf_counter() - started)
 
     async def _fold(self, cls: type[Event], where: Where, records: list[Record]) -> None:
@@ -114,43 +123,52 @@ class ControlConsumer(BatchLoop):
 
     async def publish_partials(self, only: list[Where] | None = None) -> int:
         """Cut the builders (write-ahead commit first, see the module doc) and publish their partials."""
+        async with self._lock:
+            return await self._cut(only)
+
+    async def _cut(self, only: list[Where] | None = None) -> int:
+        """Under the lock: the cut, its write-ahead commit, then its partials."""
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
-        async with self._lock:
-            cuts: dict[Where, tuple[int, int]] = {}
-            for where in list(self.builders):
-                if (only is not None and where not in only) or where in self.replays:
-                    continue
-                start, end = self.cut_start.get(where), self.folded_to.get(where)
-                if start is not None and end is not None and end >= start:
-                    cuts[where] = (start, end)
-            confirm = {w: self.cut_start[w] for w in self.unconfirmed
-                       if w not in cuts and (only is None or w in only) and w in self.cut_start}
-            offsets = {TopicPartition(*w): OffsetAndMetadata(start, f"{CUT_PREFIX}{end}")
-                       for w, (start, end) in cuts.items()}
-            offsets.update({TopicPartition(*w): OffsetAndMetadata(start, "") for w, start in confirm.items()})
-            if not offsets:
-                return 0
-            if self.consumer is not None and not await commit(self.consumer, offsets):
-                return 0  # not ours any more, or the broker is busy: the next cut (or owner) covers it
-            self.unconfirmed -= set(confirm)
-            drained = []
-            for where, (start, end) in cuts.items():
-                drained += self.builders[where].drain(f"{start}-{end}")
-                self.cut_start[where] = end + 1
-                self.unconfirmed.add(where)
-            sent = [await self.partials_topic.send(key=p.pool.encode(), value=p.to_bytes()) for p in drained]
-            if sent:
-                await asyncio.gather(*sent)
-                metrics.PARTIALS_PUBLISHED.inc(len(sent))
-            return len(sent)
+        cuts: dict[Where, tuple[int, int]] = {}
+        for where in list(self.builders):
+            if (only is not None and where not in only) or where in self.replays:
+                continue
+            start, end = self.cut_start.get(where), self.folded_to.get(where)
+            if start is not None and end is not None and end >= start:
+                cuts[where] = (start, end)
+        confirm = {w: self.cut_start[w] for w in self.unconfirmed
+                   if w not in cuts and (only is None or w in only) and w in self.cut_start}
+        offsets = {TopicPartition(*w): OffsetAndMetadata(start, f"{CUT_PREFIX}{end}")
+                   for w, (start, end) in cuts.items()}
+        offsets.update({TopicPartition(*w): OffsetAndMetadata(start, "") for w, start in confirm.items()})
+        if not offsets:
+            return 0
+        if self.consumer is not None and not await commit(self.consumer, offsets):
+            # not ours any more, or the broker is busy: the next cut (or the next owner) covers it
+            assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+            for where in [w for w in cuts if w not in assigned]:
+                self.forget(*where)
+            return 0
+        self.unconfirmed -= set(confirm)
+        drained = []
+        for where, (start, end) in cuts.items():
+            drained += self.builders[where].drain(f"{start}-{end}")
+            self.cut_start[where] = end + 1
+            self.unconfirmed.add(where)
+        sent = [await self.partials_topic.send(key=p.pool.encode(), value=p.to_bytes()) for p in drained]
+        if sent:
+            await asyncio.gather(*sent)
+            metrics.PARTIALS_PUBLISHED.inc(len(sent))
+        return len(sent)
 
     async def assigned(self, consumer: Any, tp: Any) -> None:
         """Start a partition where the group left it, repeating a cut that may have been published."""
         where = (tp.topic, tp.partition)
         offset, meta = await committed_with_metadata(consumer, tp)
         self.forget(*where)
+        self.owned.add(where)
         if offset is None:
             return
         self.cut_start[where] = offset
@@ -166,6 +184,7 @@ class ControlConsumer(BatchLoop):
         for state in (self.builders, self.recent_ids, self.cut_start, self.folded_to, self.replays):
             state.pop(where, None)
         self.unconfirmed.discard(where)
+        self.owned.discard(where)
 
     def group(self) -> str:
         return topics.control_group(self.settings)
@@ -184,6 +203,7 @@ class ControlConsumer(BatchLoop):
         await self.assigned(self.consumer, tp)
 
     async def on_revoked(self, revoked: list[Where]) -> None:
-        await self.publish_partials(revoked)
-        for where in revoked:
-            self.forget(*where)
+        async with self._lock:
+            await self._cut(revoked)
+            for where in revoked:
+                self.forget(*where)

@@ -182,6 +182,7 @@ def test_a_cut_is_committed_before_it_is_published_and_repeated_exactly_after_a_
     log = []
     first = app.control
     first.consumer, first.partials_topic = RecordingConsumer(log), LoggingTopic(log)
+    first.owned.add(("raw", 0))
 
     async def crash_after_publishing():
         await first.handle(RequestEvent, recs[:6])
@@ -418,3 +419,39 @@ def test_garbage_on_the_partials_topic_costs_one_record_not_the_agent(app):
 
     assert asyncio.run(scenario()) == 1
     assert app.stage2.loop.states["llama-70b-a"].partials_merged == 1
+
+
+def test_a_fold_waiting_on_a_cuts_commit_never_leaks_into_that_cut(app):
+    """Found by the scale-out test: events folded while a cut awaited its commit went out inside that cut's
+    partial, so a successor repeating the cut's declared range counted them twice."""
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", phase="completed",
+                            event_time=1_700_000_000_000 + i) for i in range(10)]
+    recs = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    log, release = [], None
+
+    class SlowCommit(RecordingConsumer):
+        async def commit(self, offsets):
+            await release.wait()
+            await super().commit(offsets)
+
+    control = app.control
+    control.consumer, control.partials_topic = SlowCommit(log), MemoryTopic()
+    control.owned.add(("raw", 0))
+
+    async def scenario():
+        nonlocal release
+        release = asyncio.Event()
+        await control.handle(RequestEvent, recs[:4])
+        cut = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)                                   # the cut is waiting for its commit
+        fold = asyncio.ensure_future(control.handle(RequestEvent, recs[4:]))
+        await asyncio.sleep(0)
+        release.set()
+        await cut
+        await fold
+        await control.publish_partials()
+
+    asyncio.run(scenario())
+    first, second = (orjson.loads(v) for _, v in control.partials_topic.sent)
+    assert (first["id"], second["id"]) == ("raw/0/0-3", "raw/0/4-9")
+    assert [sum(b["completed"] for b in p["requests"].values()) for p in (first, second)] == [4, 6]

@@ -76,8 +76,10 @@ def check_dead_letters(settings, expected_reason) -> int:
 
 
 def all_consumed(settings) -> bool:
+    """Both paths have committed everything: landing (rows) and control (dead letters, partials)."""
     raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
-    return run(group_lag(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw)) == 0
+    return all(run(group_lag(settings.kafka_bootstrap_servers, group, raw)) == 0
+               for group in (topics.landing_group(settings), topics.control_group(settings)))
 
 
 def test_worker_lands_every_valid_once_and_dead_letters_every_invalid(settings, worker_factory):
