@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 from .. import metrics
 from ..events import AdmissionSignal
@@ -186,6 +186,3 @@ class BlockSink:
         for state in (self.cursors, self.recent_ids, self.open_blocks):
             state.pop(where, None)
         self._due = [b for b in self._due if (b.topic, b.partition) != where]
-
-    async def call(self, label: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self.sink.call(label, fn, *args)
