@@ -41,6 +41,10 @@ SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by tab
 EVENTS_DUPLICATE = Counter("sluice_events_duplicate_total",
                            "Events dropped before landing because the same event_id was seen recently "
                            "in the same partition (a producer retry).", ["topic"], registry=REGISTRY)
+EVENTS_ALREADY_LANDED = Counter("sluice_events_already_landed_total",
+                                "Records the landing path skipped after an assignment because the store "
+                                "already held their offsets (a replay after a crash, a rebalance or an "
+                                "offset reset).", ["topic"], registry=REGISTRY)
 LANDING_LAG_SECONDS = Histogram("sluice_landing_lag_seconds",
                                 "Event time of a block's oldest event to the block being queryable.", ["table"],
                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300),

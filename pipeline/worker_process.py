@@ -27,6 +27,7 @@ class Counts:
     accepted: int = 0
     dead_lettered: int = 0
     duplicates: int = 0
+    already_landed: int = 0  # records skipped after an assignment because the store held them
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -43,6 +44,8 @@ def scrape_counts(base_url: str, timeout_s: float = 2.0) -> Counts:
                 counts.accepted += int(sample.value)
             elif sample.name == "sluice_events_duplicate_total":
                 counts.duplicates += int(sample.value)
+            elif sample.name == "sluice_events_already_landed_total":
+                counts.already_landed += int(sample.value)
             elif sample.name == "sluice_events_dead_lettered_total":
                 counts.dead_lettered += int(sample.value)
                 reason = sample.labels["reason"]

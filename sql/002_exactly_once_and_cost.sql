@@ -2,10 +2,9 @@
 --
 -- Every landed row names its source position (topic, partition, offset) and
 -- the block it was inserted in (block_start..block_end, offsets of one source
--- partition). Stage 1 resumes a partition after the last block the store
--- holds and re-sends that block with the same boundaries and the same
--- insert_deduplication_token, so a crash between an insert and its Kafka
--- commit lands nothing twice (docs/storage.md). Every table an insert reaches,
+-- partition). After a restart, landing skips the source offsets the store
+-- holds (003, docs/storage.md); a re-sent insert repeats its
+-- insert_deduplication_token. Every table an insert reaches,
 -- materialized-view targets included, needs its own deduplication window.
 
 ALTER TABLE request_events ADD COLUMN IF NOT EXISTS source_topic LowCardinality(String) DEFAULT '' AFTER slo_tpot_s;

@@ -21,7 +21,7 @@ from ..events import AdmissionSignal
 from ..ingest import Record, RecentIds, TimeBounds
 from ..settings import Settings
 from . import positions
-from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, process_block, refused_by_store
+from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, cut_block, refused_by_store
 from .clickhouse import ClickHouseSink
 from .store import Store, StoreRejected
 
@@ -59,8 +59,10 @@ class BlockSink:
             where = (recs[0].topic, partition)
             cursor = self.cursors.setdefault(where, PartitionCursor())
             seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
-            made += [process_block(cls, block, s.max_event_bytes, now_ms, seen, sealed, self.bounds)
-                     for block, sealed in cursor.cut(recs)]
+            skipped = cursor.skipped
+            made.append(cut_block(cls, recs, cursor, s.max_event_bytes, now_ms, seen, self.bounds))
+            if cursor.skipped > skipped:
+                metrics.EVENTS_ALREADY_LANDED.labels(where[0]).inc(cursor.skipped - skipped)
         self._gather(made)
         return made
 
@@ -75,9 +77,6 @@ class BlockSink:
             else:
                 if open_block is not None:
                     self._due.append(self.open_blocks.pop(where))
-                if block.sealed:
-                    self._due.append(block)
-                    continue
                 self.open_blocks[where] = open_block = block
             if open_block.size >= self.settings.sink_block_rows:
                 self._due.append(self.open_blocks.pop(where))
@@ -157,28 +156,24 @@ class BlockSink:
                 block.rows[i] = b""
         block.rows = [r for r in block.rows if r]
 
-    async def resume(self, cls: type, topic: str, partition: int, committed: int) -> int:
-        """Where a newly assigned partition starts: after what the store holds of it.
-
-        Blocks between the committed offset and the last landed block landed
-        already and are skipped; the last one is replayed on its old
-        boundaries (it may have landed in one table only), and the partition's
-        recent event ids are reloaded so re-sent events stay dropped.
-        """
+    async def resume(self, cls: type, topic: str, partition: int, committed: int) -> None:
+        """Prepare a newly assigned partition, read from ``committed`` on: the offsets the store holds
+        already are skipped (a worker dies between an insert and its commit; a committed offset can be
+        older than the log), and the partition's recent event ids are reloaded so re-sent events stay
+        dropped."""
         s = self.settings
         table = TABLE_OF[cls]
-        last = await self.sink.call("resume", positions.last_block, self.store, table, topic, partition, committed)
         where = (topic, partition)
-        start = last[0] if last else committed
+        landed = await self.sink.call("resume", positions.landed_ranges, self.store, table, topic, partition,
+                                      committed)
         if s.dedup_recent_ids:
             ids = await self.sink.call("resume", positions.recent_ids, self.store, table, topic, partition,
-                                       start, s.dedup_recent_ids)
+                                       s.dedup_recent_ids)
             self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
-        self.cursors[where] = PartitionCursor(last)
-        if last is not None:
-            log.info("landing resumes %s/%d at its last landed block %d-%d (committed %d)",
-                     topic, partition, last[0], last[1], committed)
-        return start
+        self.cursors[where] = PartitionCursor(landed)
+        if landed:
+            log.info("landing resumes %s/%d at %d; the store holds %d offset run(s) after it, up to %d",
+                     topic, partition, committed, len(landed), landed[-1][1])
 
     def forget(self, topic: str, partition: int) -> None:
         """A revoked partition's state goes; its next owner rebuilds it from the store."""

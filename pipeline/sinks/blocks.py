@@ -7,9 +7,10 @@ Exactly-once landing rests on facts kept here:
   ``block_start``/``block_end`` and its inserts a token made of the topic,
   partition and offset range, so the same block always yields the same
   insert (``insert_deduplication_token`` drops a re-sent one);
-- after a restart, a partition resumes at the last block the store holds and
-  ``PartitionCursor`` cuts the redelivered records on exactly that block's
-  boundaries, however Kafka batches them this time.
+- after a restart, ``PartitionCursor`` skips every redelivered record whose
+  offset the store already holds (``positions.landed_ranges``), whatever the
+  boundaries of the blocks it landed in, so exactly-once does not depend on
+  the committed offset, on Kafka's retention or on the deduplication window.
 
 Table names and the row format (``event_time`` as ten-digit ``seconds.millis``
 text, the source position on every row) live here, beside the sink.
@@ -17,6 +18,8 @@ text, the source position on every row) live here, beside the sink.
 
 from __future__ import annotations
 
+import zlib
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,12 +49,16 @@ class BlockOutcome:
     duplicates: int = 0
     newest_event_ms: int = 0
     oldest_event_ms: int = 0
-    sealed: bool = False      # a replayed block: lands alone, on exactly its old boundaries
+    holes: bool = False       # records in its range were skipped as landed already (after a restart)
+    offsets: array = field(default_factory=lambda: array("q"), repr=False)  # of the records it lands
     opened_at: float = 0.0    # monotonic time it started accumulating (set by the sink)
 
     def token(self, table: str) -> str:
-        """Deterministic for the block, so a re-sent insert is dropped by the store."""
-        return f"{table}:{self.topic}/{self.partition}/{self.start}-{self.end}"
+        """Deterministic for the block, so a re-sent insert is dropped by the store. A block with holes
+        names its records too: it must not share a token with an earlier insert of the same range that
+        held other records (a crash between that insert's parts: the store would drop this one)."""
+        token = f"{table}:{self.topic}/{self.partition}/{self.start}-{self.end}"
+        return f"{token}~{zlib.crc32(self.offsets.tobytes()):08x}" if self.holes else token
 
     @property
     def next_offset(self) -> int:
@@ -62,11 +69,13 @@ class BlockOutcome:
         return len(self.rows) + len(self.dead_letter_rows)
 
     def follows(self, other: "BlockOutcome") -> bool:
-        return not self.sealed and not other.sealed and self.start > other.end and self.table == other.table
+        return self.start > other.end and self.table == other.table
 
     def absorb(self, later: "BlockOutcome") -> None:
         """Grow this block by the next one of the same partition (the sink lands thousands of rows at once)."""
         self.end = later.end
+        self.holes = self.holes or later.holes
+        self.offsets.extend(later.offsets)
         self.rows += later.rows
         self.sources += later.sources
         self.dead_letter_rows += later.dead_letter_rows
@@ -136,7 +145,7 @@ def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) ->
 
 
 def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                  seen: RecentIds | None = None, sealed: bool = False, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
+                  seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
     """Decode one block (records of one partition, in offset order) into rows."""
     first = records[0]
     decoded = decode_records(cls, records, max_bytes, now_ms, seen, bounds)
@@ -146,39 +155,51 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
         sources=decoded.sources,
         dead_letter_rows=[dead_letter_row(letter, rec) for rec, _, letter in decoded.dead_letters],
         reasons=decoded.reasons, duplicates=decoded.duplicates, newest_event_ms=decoded.newest_event_ms,
-        oldest_event_ms=decoded.oldest_event_ms, sealed=sealed)
+        oldest_event_ms=decoded.oldest_event_ms, offsets=array("q", [r.offset for r in records]))
 
 
 class PartitionCursor:
-    """Cuts one partition's records into landing blocks.
+    """Drops the records of one partition that the store already holds; what is left is one block.
 
-    Normally whatever arrived is one block. After a restart it first replays
-    ``replay`` — the block the store saw last, which may have landed in one
-    table and not the other — on exactly its old boundaries, holding records
-    until the block is complete, so its inserts repeat their old tokens.
+    ``landed`` (from ``positions.landed_ranges`` when the partition was
+    assigned) only covers offsets up to the newest landed row; once the
+    partition's records pass it, the cursor keeps everything.
     """
 
-    def __init__(self, replay: tuple[int, int] | None = None) -> None:
-        self.replay = replay
-        self.held: list[Record] = []
+    def __init__(self, landed: list[tuple[int, int]] | None = None) -> None:
+        self.landed = list(landed or ())
+        self.skipped = 0  # records dropped as landed already
 
-    def cut(self, records: list[Record]) -> list[tuple[list[Record], bool]]:
-        """Blocks of records, each with whether it is the replayed (sealed) one."""
-        pending = self.held + records
-        self.held = []
-        if not pending:
-            return []
-        blocks = []
-        if self.replay is not None:
-            _, end = self.replay
-            inside = [r for r in pending if r.offset <= end]
-            if pending[-1].offset < end:
-                self.held = inside
-                return []
-            self.replay = None
-            if inside:
-                blocks.append((inside, True))
-            pending = pending[len(inside):]
-        if pending:
-            blocks.append((pending, False))
-        return blocks
+    def cut(self, records: list[Record]) -> list[Record]:
+        """The records still to land."""
+        if not self.landed or not records:
+            return records
+        ranges = self.landed
+        while ranges and ranges[0][1] < records[0].offset:
+            ranges.pop(0)
+        kept: list[Record] = []
+        i = 0
+        for rec in records:
+            while i < len(ranges) and ranges[i][1] < rec.offset:
+                i += 1
+            if not (i < len(ranges) and ranges[i][0] <= rec.offset):
+                kept.append(rec)
+        self.skipped += len(records) - len(kept)
+        return kept
+
+
+def cut_block(cls: type, records: list[Record], cursor: PartitionCursor, max_bytes: int, now_ms: int,
+              seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
+    """One fetched run of a partition's records as a block, without the records the store holds.
+
+    The block spans every offset of the run, so landing it moves the
+    partition's commit past the skipped records too — also when none is left.
+    """
+    kept = cursor.cut(records)
+    first, last = records[0], records[-1]
+    if kept:
+        out = process_block(cls, kept, max_bytes, now_ms, seen, bounds=bounds)
+    else:
+        out = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, first.offset, last.offset)
+    out.start, out.end, out.holes = first.offset, last.offset, len(kept) < len(records)
+    return out

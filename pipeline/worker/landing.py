@@ -36,6 +36,7 @@ class LandingConsumer(BatchLoop):
         self.sink: BlockSink | None = None
         self._inflight: list[asyncio.Task] = []   # one landing per fetched batch, oldest first
         self.store_ok = False
+        self.owned: set[tuple[str, int]] = set()  # assigned partitions whose start the store confirmed
         self._ready_lock = asyncio.Lock()
 
     async def ready(self) -> None:
@@ -96,10 +97,11 @@ class LandingConsumer(BatchLoop):
     async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
         classes = self.classes()
         for topic, records in by_topic.items():
-            if classes[topic] is AdmissionSignal:  # a forgotten pool's tombstone is compaction, not an event
-                records = [r for r in records if r.value is not None]
-                if not records:
-                    continue
+            # a batch fetched before its partition was revoked must not open a block the next owner lands too
+            records = [r for r in records if (r.topic, r.partition) in self.owned
+                       and not (r.value is None and classes[topic] is AdmissionSignal)]  # tombstone: compaction
+            if not records:
+                continue
             self.sink.add(classes[topic], records, int(time.time() * 1000))
         await self._settle(keep=self.settings.ingest_landing_depth - 1)
         self._inflight.append(self.sink.flush())
@@ -109,6 +111,7 @@ class LandingConsumer(BatchLoop):
         await self._settle()
 
     async def on_revoked(self, revoked: list[tuple[str, int]]) -> None:
+        self.owned.difference_update(revoked)
         self._inflight.append(self.sink.flush(revoked))
         await self._settle()
         for where in revoked:
@@ -117,8 +120,9 @@ class LandingConsumer(BatchLoop):
     async def on_assigned(self, tp: Any) -> None:
         """Paused until resumed: nothing may be handled from a position the store has not confirmed."""
         committed = await self.consumer.committed(tp) or 0
-        start = await self.sink.resume(self.classes()[tp.topic], tp.topic, tp.partition, committed)
-        self.consumer.seek(tp, start)
+        await self.sink.resume(self.classes()[tp.topic], tp.topic, tp.partition, committed)
+        self.consumer.seek(tp, committed)
+        self.owned.add((tp.topic, tp.partition))
 
     async def on_stop(self) -> None:
         for task in self._inflight:

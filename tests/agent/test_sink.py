@@ -106,3 +106,34 @@ def test_every_insert_error_met_is_classified():
         error = insert_error(RuntimeError(message))
         got = ("data" if isinstance(error, StoreRejected) else "outage" if error.known_outage else "unclassified")
         assert got == expected, message
+
+
+def test_a_batch_of_a_revoked_partition_opens_no_block_for_the_next_owner():
+    """A fetch can return records of a partition revoked meanwhile; landing them would race the new owner,
+    which lands the same offsets from the store's position."""
+    import orjson
+
+    from pipeline import topics
+    from pipeline.ingest import Record
+    from pipeline.settings import load_settings
+    from pipeline.sim.specimens import request_event
+    from pipeline.sinks.block_sink import BlockSink
+    from pipeline.worker.landing import LandingConsumer
+    from tests.agent.test_agents import MemorySink, MemoryTopic
+
+    settings = load_settings(env={}, dev_signing_key=True, max_event_age_s=0, sink_block_age_s=60)
+    landing = LandingConsumer(settings, MemoryTopic())
+    landing.sink = BlockSink(settings, None, landing._send_dead_letter, sink=MemorySink())
+    topic = topics.REQUESTS.name(settings)
+    landing.owned = {(topic, 0), (topic, 1)}
+
+    def batch(partition):
+        events = [request_event(task_id=f"p{partition}-{i}") for i in range(3)]
+        return [Record(topic, partition, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+
+    async def scenario():
+        await landing.on_revoked([(topic, 1)])
+        await landing.on_fetched({topic: batch(0) + batch(1)})
+
+    asyncio.run(scenario())
+    assert set(landing.sink.open_blocks) == {(topic, 0)}

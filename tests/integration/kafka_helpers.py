@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.topic_reader import open_from_beginning, read_to_end
@@ -35,13 +37,30 @@ async def read_all(bootstrap: str, topic: str) -> list:
         await consumer.stop()
 
 
-async def rewind_group(bootstrap: str, group: str, topics: list[str]) -> None:
-    """Commit offset 0 for every partition of ``topics`` in ``group`` (which must have no live members)."""
+async def rewind_group(bootstrap: str, group: str, topics: list[str],
+                       to: Callable[[TopicPartition, int], int] = lambda tp, end: 0) -> dict[TopicPartition, int]:
+    """Commit ``to(partition, end offset)`` (default 0) for every partition of ``topics`` in ``group``
+    (which must have no live members); returns what was committed."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(await consumer._client._wait_on_metadata(t))]
+        ends = await consumer.end_offsets(parts)
+        offsets = {tp: to(tp, ends[tp]) for tp in parts}
         consumer.assign(parts)
-        await consumer.commit({tp: 0 for tp in parts})
+        await consumer.commit(offsets)
+        return offsets
     finally:
         await consumer.stop()
+
+
+async def delete_before(bootstrap: str, offsets: dict[TopicPartition, int]) -> None:
+    """Delete the records before ``offsets`` (what retention does to the oldest segments)."""
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({tp: RecordsToDelete(before_offset=o) for tp, o in offsets.items() if o > 0})
+    finally:
+        await admin.close()

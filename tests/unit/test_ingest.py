@@ -64,31 +64,56 @@ def recs(offsets):
     return [Record("t", 0, o, None, b"k", b"v") for o in offsets]
 
 
-def test_cursor_without_replay_makes_one_block_of_what_arrived():
-    assert [([r.offset for r in b], sealed) for b, sealed in PartitionCursor().cut(recs([5, 6, 7]))] == [
-        ([5, 6, 7], False)]
+def offsets_of(kept):
+    return [r.offset for r in kept]
 
 
-def test_cursor_replays_the_last_landed_block_on_its_old_boundaries():
-    cursor = PartitionCursor((10, 14))
-    assert cursor.cut(recs([10, 11])) == []  # incomplete: held
-    blocks = cursor.cut(recs([12, 13, 14, 15, 16]))
-    assert [([r.offset for r in b], sealed) for b, sealed in blocks] == [([10, 11, 12, 13, 14], True),
-                                                                      ([15, 16], False)]
-    assert [[r.offset for r in b] for b, _ in cursor.cut(recs([17]))] == [[17]]
+def test_cursor_without_landed_offsets_keeps_what_arrived():
+    assert offsets_of(PartitionCursor().cut(recs([5, 6, 7]))) == [5, 6, 7]
 
 
-@given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10))
-def test_cursor_replay_is_independent_of_how_kafka_batches_the_records(sizes):
-    offsets = list(range(100, 140))
-    cursor, blocks, i = PartitionCursor((100, 119)), [], 0
-    for size in sizes * 10:
-        if i >= len(offsets):
-            break
-        blocks += [b for b, _ in cursor.cut(recs(offsets[i:i + size]))]
-        i += size
-    assert [r.offset for r in blocks[0]] == list(range(100, 120)) if i >= 20 else blocks == []
-    assert [r.offset for b in blocks for r in b] == offsets[:len([r for b in blocks for r in b])]
+def test_cursor_drops_offsets_the_store_holds_whatever_the_block_boundaries():
+    cursor = PartitionCursor([(10, 12), (14, 14)])
+    assert offsets_of(cursor.cut(recs([11, 12]))) == []
+    assert offsets_of(cursor.cut(recs([13, 14, 15]))) == [13, 15]
+    assert offsets_of(cursor.cut(recs([16, 17]))) == [16, 17]
+    assert cursor.skipped == 3 and cursor.landed == []
+
+
+def test_a_block_of_only_landed_records_still_moves_the_commit():
+    from pipeline.sinks.blocks import cut_block
+
+    out = cut_block(RequestEvent, recs([5, 6, 7]), PartitionCursor([(0, 9)]), 1 << 20, 0)
+    assert (out.start, out.end, out.next_offset, out.rows, out.dead_letter_rows) == (5, 7, 8, [], [])
+
+
+@given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 5)), max_size=6))
+def test_cursor_keeps_exactly_the_offsets_not_landed_however_kafka_batches_them(sizes, spans):
+    covered = sorted({o for first, length in spans for o in range(first, first + length + 1)})
+    runs = []
+    for o in covered:
+        if runs and runs[-1][1] == o - 1:
+            runs[-1] = (runs[-1][0], o)
+        else:
+            runs.append((o, o))
+    offsets, cursor, kept, i = list(range(0, 70)), PartitionCursor(runs), [], 0
+    while i < len(offsets):
+        for size in sizes:
+            kept += offsets_of(cursor.cut(recs(offsets[i:i + size])))
+            i += size
+    assert kept == [o for o in offsets if o not in set(covered)]
+    assert cursor.skipped == len([o for o in covered if o < 70])
+
+
+def test_a_block_with_holes_names_its_records_in_its_token():
+    from pipeline.sinks.blocks import BlockOutcome
+    from array import array
+
+    whole = BlockOutcome("t", "raw", 0, 10, 20, offsets=array("q", range(10, 21)))
+    holed = BlockOutcome("t", "raw", 0, 10, 20, holes=True, offsets=array("q", [10, 20]))
+    assert whole.token("t") == "t:raw/0/10-20" and holed.token("t").startswith("t:raw/0/10-20~")
+    assert holed.token("t") != BlockOutcome("t", "raw", 0, 10, 20, holes=True, offsets=array("q", [10, 15, 20])).token("t")
 
 
 def test_event_time_text_is_exact_milliseconds():

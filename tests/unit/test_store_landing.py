@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.events import RequestEvent
 from pipeline.ingest import Record
-from pipeline.sinks.blocks import process_block
+from pipeline.sinks.blocks import PartitionCursor, cut_block, process_block, with_block
 from pipeline.sinks import positions
 from pipeline.sinks.migrations import apply_retention, migrate, sync_reference
 from pipeline.sinks.store import ClickHouseStore
@@ -47,22 +47,58 @@ def test_a_resent_block_is_dropped_by_the_table_and_by_the_materialized_view(sto
     assert counts(store) == (5, 5)
 
 
-def test_the_last_landed_block_and_recent_ids_are_found_per_topic_and_partition(store):
-    a, b, other = block(0, 3), block(3, 4), block(0, 2, partition=1)
+def test_landed_offsets_and_recent_ids_are_found_per_topic_and_partition(store):
+    a, b, other = block(0, 3), block(5, 4), block(0, 2, partition=1)
     for out in (a, b, other):
         land(store, out)
-    assert positions.last_block(store, "request_events", "raw", 0, since=0) == (3, 6)
-    assert positions.last_block(store, "request_events", "raw", 0, since=7) is None
-    assert positions.last_block(store, "request_events", "other-topic", 0, since=0) is None
-    ids = positions.recent_ids(store, "request_events", "raw", 0, before=3, limit=10)
-    assert ids == [orjson.loads(r)["event_id"] for r in a.rows]
-    assert len(positions.recent_ids(store, "request_events", "raw", 0, before=99, limit=2)) == 2
+    assert positions.landed_ranges(store, "request_events", "raw", 0, since=0) == [(0, 2), (5, 8)]
+    assert positions.landed_ranges(store, "request_events", "raw", 0, since=6) == [(6, 8)]
+    assert positions.landed_ranges(store, "request_events", "raw", 0, since=9) == []
+    assert positions.landed_ranges(store, "request_events", "other-topic", 0, since=0) == []
+    ids = positions.recent_ids(store, "request_events", "raw", 0, limit=5)
+    assert ids == [orjson.loads(r)["event_id"] for r in a.rows[2:] + b.rows]
 
 
-def test_a_block_of_only_dead_letters_is_found_too(store):
+def test_dead_letters_count_as_landed_offsets(store):
     bad = process_block(RequestEvent, [Record("raw", 0, 9, None, b"k", b"{nope")], 1 << 20, 0)
     land(store, bad)
-    assert positions.last_block(store, "request_events", "raw", 0, since=0) == (9, 9)
+    land(store, block(10, 2))
+    assert positions.landed_ranges(store, "request_events", "raw", 0, since=0) == [(9, 11)]
+
+
+def replay(store, records, since, batch):
+    """A new owner after a crash: skip what the store holds from ``since`` on, land the rest in batches."""
+    cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, since))
+    for i in range(0, len(records), batch):
+        land(store, cut_block(RequestEvent, records[i:i + batch], cursor, 1 << 20, 0))
+
+
+@pytest.mark.parametrize("since,batch", [(0, 7), (0, 10), (4, 3), (9, 100), (12, 1)])
+def test_a_replay_from_any_offset_in_any_batches_lands_each_event_once(store, since, batch):
+    """Exactly once without the block boundaries or the deduplication window: a committed offset inside
+    a block, before it (retention moved the log start) or after it, and batches unlike the first run's."""
+    for table in ("request_events", "pool_minute"):  # the store remembers one token: no help from it
+        store.command(f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window = 1")
+    events = [request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase="completed") for i in range(30)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    land(store, process_block(RequestEvent, records[0:10], 1 << 20, 0))
+    land(store, process_block(RequestEvent, records[10:20], 1 << 20, 0))
+    replay(store, records[since:], since, batch)
+    assert counts(store) == (30, 30)
+
+
+def test_a_block_that_landed_in_part_lands_the_rest_once(store):
+    """A crash between two parts of one insert (rows of two days): the replay holds the other day's rows
+    only, and its token differs from the first insert's, or the store would drop it as a repeat."""
+    day = 86_400_000
+    events = [request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase="completed",
+                            event_time=1_700_000_000_000 + (day if i in (0, 9) else 0)) for i in range(10)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    first = process_block(RequestEvent, records, 1 << 20, 0)
+    first_day = process_block(RequestEvent, records[1:9], 1 << 20, 0)
+    store.insert("request_events", b"\n".join(with_block(first_day.rows, 0, 9)), first.token("request_events"))
+    replay(store, records, 0, 10)
+    assert counts(store) == (10, 10)
 
 
 def test_retention_follows_the_setting_and_is_idempotent(store):
