@@ -9,6 +9,10 @@ Landing: the sink's inserts alone (blocks with deduplication tokens into
 ``request_events`` and its per-minute view) against plain inserts of the same
 rows into a copy of the table with no view and no deduplication; landing lag
 (event time → queryable) comes from the real-time stage.
+
+Landing under a query: the latency of each such insert while an analyst's
+query runs through the store's read-only path, against the same inserts
+without it.
 """
 
 from __future__ import annotations
@@ -173,13 +177,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
-    """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store."""
+def _landing_blocks(rows: int, block_rows: int) -> list[tuple[bytes, str]]:
+    """``rows`` request events as the sink lands them: (newline-delimited rows, deduplication token) per block."""
     from .events import RequestEvent
     from .ingest import Record
     from .sinks.blocks import process_block
-    from .sinks.migrations import migrate, set_fsync
-    from .sinks.store import ClickHouseStore
 
     requests = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=13,
                                     start_ms=int(time.time() * 1000)) if e.kind == "request")
@@ -187,7 +189,15 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
                for i, e in enumerate(islice(requests, rows))]
     blocks = [process_block(RequestEvent, records[i:i + block_rows], 1 << 20, 0)
               for i in range(0, len(records), block_rows)]
-    payloads = [(b"\n".join(b.landed_rows()), b.token(b.table)) for b in blocks]
+    return [(b"\n".join(b.landed_rows()), b.token(b.table)) for b in blocks]
+
+
+def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
+    """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store."""
+    from .sinks.migrations import migrate, set_fsync
+    from .sinks.store import ClickHouseStore
+
+    payloads = _landing_blocks(rows, block_rows)
     store = ClickHouseStore.embedded(work_dir / f"landing-{uuid.uuid4().hex[:6]}")
     try:
         migrate(store)
@@ -215,13 +225,90 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
         no_fsync_s, fsync_s = (sorted(spent[f])[1] for f in (False, True))
     finally:
         store.close()
-    return {"rows": len(records), "block_rows": block_rows, "landed_rows": landed["n"],
-            "sink_rows_per_s": round(len(records) / sink_s),
-            "plain_insert_rows_per_s": round(len(records) / plain_s),
+    return {"rows": rows, "block_rows": block_rows, "landed_rows": landed["n"],
+            "sink_rows_per_s": round(rows / sink_s),
+            "plain_insert_rows_per_s": round(rows / plain_s),
             "sink_vs_plain_ratio": round(plain_s / sink_s, 3),
-            "sink_fsync_rows_per_s": round(len(records) / fsync_s),
+            "sink_fsync_rows_per_s": round(rows / fsync_s),
             "fsync_vs_no_fsync_ratio": round(no_fsync_s / fsync_s, 3)}
 
+
+
+# what a successful task cost, per pool and tenant, over all history: the cost views' joins over every row
+ANALYST_QUERY = ("SELECT pool, tenant, sum(successful_tasks) AS ok, round(sum(fleet_cost_usd), 2) AS cost_usd, "
+                 "round(sum(waste_cost_usd) / sum(fleet_cost_usd), 4) AS waste_share "
+                 "FROM cost_per_successful_task GROUP BY pool, tenant ORDER BY pool, tenant")
+
+
+def bench_landing_under_query(block_rows: int, work_dir: Path, fsync: bool = True, distinct_rows: int = 25_000,
+                              copies: int = 40, inserts: int = 120, rounds: int = 4) -> dict:
+    """Insert latency of the sink's blocks (p50, p95, p99, max) while an analyst's query runs through the
+    store's read-only path, against the same inserts without it, one chdb store.
+
+    The query reads ``copies`` + 1 times ``distinct_rows`` rows (copied in SQL, new event and task ids)
+    and runs back to back through the whole of its arm. The arms alternate, ``rounds`` of each, so the
+    table's growth and its background merges weigh on both alike; every insert is a block of the
+    distinct rows under a token of its own (the table takes it like a new one).
+    """
+    from .sinks.migrations import apply_durability, migrate
+    from .sinks.readonly import ReadLimits
+    from .sinks.store import ClickHouseStore
+
+    payloads = [payload for payload, _ in _landing_blocks(distinct_rows, block_rows)]
+    store = ClickHouseStore.embedded(work_dir / f"under-query-{uuid.uuid4().hex[:6]}")
+    try:
+        migrate(store)
+        apply_durability(store, fsync)
+        for n, payload in enumerate(payloads):
+            store.insert("request_events", payload, f"request_events:prefill/{n}")
+        store.command("INSERT INTO request_events SELECT e.* REPLACE (generateUUIDv4(n.number) AS event_id, "
+                      "concat(e.task_id, '/', toString(n.number)) AS task_id) "
+                      f"FROM request_events AS e CROSS JOIN numbers({copies}) AS n")
+        queried, = store.query("SELECT count() AS n FROM request_events")
+        limits = ReadLimits(max_execution_s=30.0)
+        store.read_only(ANALYST_QUERY, limits)   # the reader opens once, outside the measurement
+        spent: dict[bool, list[float]] = {False: [], True: []}
+        query_s: list[float] = []
+        failed: list[str] = []
+        sent = 0
+
+        def analyst(stop: threading.Event) -> None:
+            while not stop.is_set():
+                started = time.perf_counter()
+                try:
+                    store.read_only(ANALYST_QUERY, limits)
+                except Exception as exc:   # reported with the figures: an arm without its query is no measurement
+                    failed.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                    return
+                query_s.append(time.perf_counter() - started)
+
+        for round_no in range(rounds):
+            for with_query in (round_no % 2 == 1, round_no % 2 == 0):   # which arm goes first alternates
+                stop = threading.Event()
+                reader = threading.Thread(target=analyst, args=(stop,), daemon=True) if with_query else None
+                if reader is not None:
+                    reader.start()
+                for _ in range(inserts // rounds):
+                    payload = payloads[sent % len(payloads)]
+                    started = time.perf_counter()
+                    store.insert("request_events", payload, f"request_events:bench/{sent}")
+                    spent[with_query].append(time.perf_counter() - started)
+                    sent += 1
+                if reader is not None:
+                    stop.set()
+                    reader.join()   # its last query ends before the next arm without one starts
+    finally:
+        store.close()
+    figures = {"block_rows": block_rows, "rows_queried": queried["n"], "inserts_per_arm": len(spent[False]),
+               "fsync": fsync, "queries_run": len(query_s), "query_p50_s": _percentile(query_s, 0.5),
+               "query_failed": failed[0] if failed else None}
+    for with_query, arm in ((False, "alone"), (True, "under_query")):
+        ms = [s * 1000 for s in spent[with_query]]
+        figures |= {f"insert_{arm}_{name}_ms": _percentile(ms, q)
+                    for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))}
+    base = figures["insert_alone_p99_ms"]
+    figures["p99_under_query_vs_alone"] = round(figures["insert_under_query_p99_ms"] / base, 2) if base else None
+    return figures
 
 
 def _isolated(settings: Settings, work_dir: Path) -> Settings:
@@ -391,6 +478,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
                "landing_path": bench_ingest(settings, events, work_dir, "landing"),
                "control_scaling": bench_scaling(settings, events, work_dir),
                "landing": bench_landing(events, settings.sink_block_rows, work_dir),
+               "landing_under_query": bench_landing_under_query(settings.sink_block_rows, work_dir,
+                                                                settings.store_fsync),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
                "router_decide": bench_decide()}
     if as_json:

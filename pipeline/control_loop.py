@@ -5,7 +5,8 @@ the simulator measures is what the pipeline runs. No Faust, no Kafka, no
 clock reads: the caller passes ``now_ms`` and publishes what comes back.
 
 Each step: pools that merged nothing for ``pool_idle_ms`` (the caller's clock, so replays of old
-traffic count as activity) are forgotten (state is
+traffic count as activity) are forgotten, with the ids of the partials they held so the caller can
+drop those from its store too (state is
 bounded: so is the number of pools, ``max_pools``); pools whose state changed get a new picture; every pool with a
 picture gets a decision (also unchanged ones: a pool that stops advancing
 must be seen going stale); a signal goes out when the decision changed in a
@@ -41,6 +42,7 @@ class Step:
     pictures: list[dict] = field(default_factory=list)   # new pictures, for sluice.load.v1
     signals: list[Signal] = field(default_factory=list)  # due signals, for sluice.admission.v1
     forgotten: list[str] = field(default_factory=list)   # pools idle past pool_idle_ms: tombstones for both
+    released: list[tuple[str, str]] = field(default_factory=list)  # (pool, partial id) the forgotten pools held
 
 
 def _random_id() -> str:
@@ -66,7 +68,9 @@ class ControlLoop:
         self.max_pools = max_pools          # state is bounded: invented pool names cannot grow it
         self.pool_idle_ms = pool_idle_ms    # a pool with no event for this long is forgotten
         self.refused_pools = 0              # partials of new pools refused at max_pools
+        self.refused_replicas = 0           # replica entries refused at a pool's max_replicas
         self.active_ms: dict[str, int] = {}  # when (the caller's clock) each pool last merged a partial
+        self.merged: set[str] = set()        # pools that merged a partial since the last step
 
     def merge(self, partial: Partial) -> list[str] | None:
         """Fold a partial into its pool; the partial ids that left the window, or None for a duplicate
@@ -77,28 +81,44 @@ class ControlLoop:
                 self.refused_pools += 1
                 return None
             state = self.states[partial.pool] = PoolState(partial.pool)
+        refused = state.replicas_refused
         if not state.merge(partial, self.configs.for_pool(partial.pool)):
             return None
+        self.refused_replicas += state.replicas_refused - refused
         self.changed.add(partial.pool)
+        self.merged.add(partial.pool)
         return state.evicted
 
-    def rebuild(self, partials: Iterable[Partial]) -> None:
-        """States from scratch (after a restart or rebalance), merging each pool's partials in time order."""
+    def rebuild(self, partials: Iterable[Partial], now_ms: int, active_ms: Mapping[str, int] = {}) -> list[str]:
+        """States from scratch (after a restart or rebalance), merging each pool's partials in time order.
+
+        ``active_ms`` is when each pool last merged a partial (the caller's clock, kept with its partials):
+        a pool idle past ``pool_idle_ms`` was forgotten, or is due to be, so it is not brought back; those
+        pools are returned (their partials are the caller's to drop). A pool with no such time counts as
+        active now."""
+        partials = list(partials)
+        idle = sorted({p.pool for p in partials if now_ms - active_ms.get(p.pool, now_ms) > self.pool_idle_ms})
         self.states = {}
         for partial in sorted(partials, key=lambda p: p.newest_ms):
-            self.merge(partial)
+            if partial.pool not in idle:
+                self.merge(partial)
         self.changed = set(self.states)
+        self.merged = set()
+        self.active_ms = {pool: active_ms.get(pool, now_ms) for pool in self.states}
         self.pictures = {p: v for p, v in self.pictures.items() if p in self.states}
         self.decisions = {p: v for p, v in self.decisions.items() if p in self.states}
         self.published = {p: v for p, v in self.published.items() if p in self.states}
+        return idle
 
     def step(self, now_ms: int, fleet: Mapping[str, dict] = {}) -> Step:
         """New pictures for changed pools, then decisions for every pool; ``fleet`` adds other
         controllers' pictures as redirect candidates."""
         out = Step()
-        for pool in self.changed:
+        for pool in self.merged:
             self.active_ms[pool] = now_ms
+        self.merged.clear()
         for pool in [p for p in self.states if now_ms - self.active_ms.setdefault(p, now_ms) > self.pool_idle_ms]:
+            out.released += [(pool, partial_id) for partial_id in self.states[pool].seen]
             for kept in (self.states, self.pictures, self.decisions, self.published, self.active_ms):
                 kept.pop(pool, None)
             self.changed.discard(pool)

@@ -22,6 +22,7 @@ class TopicSpec:
     retention_ms: int = DAY_MS
     raw: bool = False
     dead_letter: bool = False
+    max_bytes: int = 0  # max.message.bytes, when declared here (raw and dead-letter topics derive theirs)
 
     def name(self, settings: Settings) -> str:
         ns = settings.topic_namespace
@@ -38,6 +39,8 @@ class TopicSpec:
             cfg["max.message.bytes"] = str(raw_topic_max_bytes(settings))
         if self.dead_letter:
             cfg["max.message.bytes"] = str(dead_letter_max_bytes(settings))
+        if self.max_bytes:
+            cfg["max.message.bytes"] = str(self.max_bytes)
         return cfg
 
 
@@ -53,9 +56,16 @@ def dead_letter_max_bytes(settings: Settings) -> int:
     return raw_topic_max_bytes(settings) * 2
 
 
+def partial_budget_bytes() -> int:
+    """The most one serialized partial may take: the partials topic's limit less 64 KiB for the record's
+    framing and key. A partial is also a value of stage 2's changelog, whose limit is the broker's default
+    (1,048,588 bytes), as is the partials topic's if it was created before its limit was declared."""
+    return PARTIALS.max_bytes - 65536
+
+
 REQUESTS = TopicSpec("sluice.requests.v1", key="task_id", raw=True)
 REPLICAS = TopicSpec("sluice.replicas.v1", key="replica_id", raw=True)
-PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS)
+PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS, max_bytes=1 << 20)
 LOAD = TopicSpec("sluice.load.v1", key="pool", compacted=True)
 ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True)
 DEADLETTER = TopicSpec("sluice.deadletter.v1", key="source topic/partition/offset",

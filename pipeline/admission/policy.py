@@ -278,9 +278,20 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     stale_since_ms=stale_since, signal=signal)
 
 
+# A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can
+# change what it admits. The estimate (engine backlog ÷ completions/s) moves with every sample of the
+# engines' queues; publishing each wobble would send a signal every tick under load. Moves within 20 % of
+# the published wait, or within 0.1 s (finer than TTFT SLOs are set), wait for the heartbeat.
+WAIT_CHANGE_FRACTION = 0.2
+WAIT_CHANGE_S = 0.1
+
+
 def changed(a: Decision, b: Decision) -> bool:
     """Whether routers must hear about ``b`` now rather than at the next heartbeat."""
     if not a.signal:
         return True
     keys = ("state", "admit_fraction", "continuing_task_admit_fraction", "redirect", "defer")
-    return any(a.signal[k] != b.signal[k] for k in keys) or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01
+    if any(a.signal[k] != b.signal[k] for k in keys) or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
+        return True
+    wait, new_wait = a.signal["max_predicted_wait_s"], b.signal["max_predicted_wait_s"]
+    return abs(new_wait - wait) > max(WAIT_CHANGE_S, WAIT_CHANGE_FRACTION * wait)

@@ -2,6 +2,7 @@
 
 A partial's ``id`` names its source topic, partition and the offset range it
 folds, so stage 2 can tell a redelivered or repeated partial from a new one.
+One that would not fit a Kafka message goes out in parts (``split``).
 """
 
 from __future__ import annotations
@@ -79,11 +80,63 @@ class PartialBuilder:
         if s.event_time > partial.newest_ms:
             partial.newest_ms = s.event_time
 
-    def drain(self, cut: object) -> list[Partial]:
+    def drain(self, cut: object, max_bytes: int | None = None) -> list[Partial]:
         """The partials folded since the last drain, identified by this source and ``cut``
-        (the worker's offset range, the simulator's tick)."""
-        out = list(self.pending.values())
-        for partial in out:
+        (the worker's offset range, the simulator's tick), split to ``max_bytes`` when given."""
+        out = []
+        for partial in self.pending.values():
             partial.id = f"{self.source}/{cut}"
+            out += [partial] if max_bytes is None else split(partial, max_bytes)
         self.pending = {}
         return out
+
+
+PART_SEP = "#"
+
+
+def split(partial: Partial, max_bytes: int) -> list[Partial]:
+    """``partial`` as parts that each serialize to at most ``max_bytes`` (a Kafka message's limit), which
+    stage 2 merges in order to the same picture as the whole (only ``partials_merged`` counts the parts).
+
+    A part holds whole event-seconds, in ascending order, and its ``newest_ms`` is capped at its last
+    second, so an earlier part never makes a later one's seconds late. Every part carries every replica's
+    newest sample: no part adds a replica without one, or re-adds one out of the pool's order (the picture
+    sums replicas in that order). The parts follow from the content alone, so the same content gives the
+    same parts under the same ids, the first under the partial's own. A single second (or the replicas'
+    samples alone) over ``max_bytes`` still goes out over it.
+    """
+    if len(partial.to_bytes()) <= max_bytes:
+        return [partial]
+    sizes: dict[int, int] = {}
+    for second, agg in partial.requests.items():
+        sizes[second] = sizes.get(second, 0) + _entry_bytes(second, agg.to_dict())
+    for replica in partial.replicas.values():
+        for second, deltas in replica.seconds.items():
+            sizes[second] = sizes.get(second, 0) + _entry_bytes(second, deltas)
+    frame = len(_part(partial, f"{partial.id}{PART_SEP}{1 << 32}", [], partial.newest_ms).to_bytes())
+    groups: list[list[int]] = [[]]
+    used = frame
+    for second in sorted(sizes):
+        if groups[-1] and used + sizes[second] > max_bytes:
+            groups.append([])
+            used = frame
+        groups[-1].append(second)
+        used += sizes[second]
+    last = len(groups) - 1
+    return [_part(partial, partial.id if k == 0 else f"{partial.id}{PART_SEP}{k}", seconds,
+                  partial.newest_ms if k == last else min(partial.newest_ms, seconds[-1] * 1000 + 999))
+            for k, seconds in enumerate(groups)]
+
+
+def _entry_bytes(second: int, value: dict[str, Any]) -> int:
+    """What ``"second":value,`` adds to a serialized partial."""
+    return len(str(second)) + 4 + len(orjson.dumps(value))
+
+
+def _part(partial: Partial, part_id: str, seconds: list[int], newest_ms: int) -> Partial:
+    """The part of ``partial`` holding ``seconds`` (sorted), with every replica's newest sample."""
+    first, last = (seconds[0], seconds[-1]) if seconds else (0, -1)
+    requests = {s: partial.requests[s] for s in seconds if s in partial.requests}
+    replicas = {rid: ReplicaAgg(agg.latest, {s: agg.seconds[s] for s in sorted(agg.seconds) if first <= s <= last})
+                for rid, agg in partial.replicas.items()}
+    return Partial(part_id, partial.pool, requests, replicas, newest_ms, partial.models)

@@ -8,6 +8,12 @@ older than the watermark by more than ``allowed_lateness_s`` is closed: data
 for it is counted as late and left out. Partials are deduplicated by id, so a redelivered one is not
 counted twice.
 
+Replicas are bounded per pool. One silent for ``stale_after_s`` is stale, for twice that gone (it
+counts only in cost); a gone replica is dropped once its seconds leave the cost window, or sooner when
+the pool already tracks ``max_replicas`` and a new replica needs the room. When every tracked replica
+may still be serving, the new one is refused and counted (``replicas_refused``): churning or invented
+replica ids cannot grow the state, and a live replica is never pushed out for them.
+
 ``PoolState.picture`` gives the typed ``LoadPicture``; ``PoolState.snapshot``
 its wire form, published on sluice.load.v1 (schema ``schemas/load_picture.v1.json``)
 and read back with ``read_picture``.
@@ -29,6 +35,7 @@ from .profiles import Profile
 __all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
 
 MAX_MODELS = 16  # models remembered per pool (for finding sibling pools), bounded against bad data
+MAX_REPLICAS = 1024  # replicas tracked per pool: invented or churning replica ids cannot grow a pool's state
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class PictureConfig:
     cost_window_s: int
     allowed_lateness_s: float
     stale_after_s: float
+    max_replicas: int = MAX_REPLICAS
 
 
 class PoolState:
@@ -53,6 +61,7 @@ class PoolState:
         self.late_events = 0
         self.partials_merged = 0
         self.duplicate_partials = 0
+        self.replicas_refused = 0  # replica entries of partials refused at max_replicas
         self.evicted: list[str] = []  # partial ids that left the window in the last merge
         self.models: list[str] = []
 
@@ -80,9 +89,16 @@ class PoolState:
                 self.requests[second] = agg
             else:
                 mine.merge(agg)
+        gone: list[str] | None = None  # replicas that may make room, found once per merge and only if needed
         for replica_id, incoming in partial.replicas.items():
             mine = self.replicas.get(replica_id)
             if mine is None:
+                if len(self.replicas) >= config.max_replicas:
+                    if gone is None:
+                        gone = self._gone_longest_last(config)
+                    if not self._make_room(gone, config):
+                        self.replicas_refused += 1
+                        continue
                 mine = self.replicas[replica_id] = ReplicaAgg()
             if incoming.latest is not None:
                 mine.see(incoming.latest)
@@ -98,14 +114,37 @@ class PoolState:
         """Seconds before this one are closed: late relative to what had been merged so far."""
         return int((self.watermark_ms - config.allowed_lateness_s * 1000) // 1000)
 
+    def _gone_before(self, config: PictureConfig) -> int:
+        """A replica silent since before this (twice the stale threshold) is presumed gone: no capacity, no KV."""
+        return self.watermark_ms - 2 * int(config.stale_after_s * 1000)
+
+    def _gone_longest_last(self, config: PictureConfig) -> list[str]:
+        """The gone replicas, most recently sampled first (so ``pop`` takes the one silent longest)."""
+        gone_before = self._gone_before(config)
+        gone = [(_sampled_ms(agg), r) for r, agg in self.replicas.items() if _sampled_ms(agg) < gone_before]
+        return [r for _, r in sorted(gone, reverse=True)]
+
+    def _make_room(self, gone: list[str], config: PictureConfig) -> bool:
+        """Evict the replica silent longest among ``gone`` (it only still counts in cost) for a new one.
+        False when every replica tracked may still be serving: then the new one is refused, never a live one."""
+        gone_before = self._gone_before(config)
+        while gone:
+            agg = self.replicas.get(replica_id := gone.pop())
+            if agg is not None and _sampled_ms(agg) < gone_before:  # not sampled again earlier in this merge
+                del self.replicas[replica_id]
+                return True
+        return False
+
     def _evict(self, config: PictureConfig) -> None:
         keep_from = self.watermark_ms // 1000 - config.cost_window_s - int(config.allowed_lateness_s) - 1
         for second in [s for s in self.requests if s < keep_from]:
             del self.requests[second]
+        # a replica goes once its seconds have left the cost window and it is gone (never while still quiet)
+        forget_before = min(keep_from * 1000, self._gone_before(config))
         for replica_id, agg in list(self.replicas.items()):
             for second in [s for s in agg.seconds if s < keep_from]:
                 del agg.seconds[second]
-            if agg.latest is not None and agg.latest.event_time < keep_from * 1000 and not agg.seconds:
+            if _sampled_ms(agg) < forget_before and not agg.seconds:
                 del self.replicas[replica_id]
         self.evicted = [p for p, newest in self.seen.items() if newest < keep_from * 1000]
         for pid in self.evicted:
@@ -147,7 +186,7 @@ class PoolState:
         # a replica that just went quiet may still be serving: its cache counts as full; one silent for
         # twice the threshold is presumed gone, and only its capacity is missed (a dead replica would
         # otherwise hold the KV axis up until it is forgotten)
-        gone_before = self.watermark_ms - 2 * config.stale_after_s * 1000
+        gone_before = self._gone_before(config)
         quiet = [r for r in stale if self.replicas[r].latest is not None
                  and self.replicas[r].latest.event_time >= gone_before]
         return Replicas(tuple(fresh), tuple(unhealthy), tuple(stale), tuple(quiet))
@@ -176,7 +215,8 @@ class PoolState:
             watermark_ms=self.watermark_ms, fast_window_s=fast, cost_window_s=r.cost_s,
             axes={name: axis(r) for name, axis in AXIS_FUNCTIONS.items()}, replicas=r.replicas, rates=rates,
             latency_s=quantiles(r.requests), late_events=self.late_events,
-            partials_merged=self.partials_merged, duplicate_partials=self.duplicate_partials)
+            partials_merged=self.partials_merged, duplicate_partials=self.duplicate_partials,
+            replicas_refused=self.replicas_refused)
 
     def snapshot(self, config: PictureConfig) -> dict[str, Any]:
         """The picture as published on sluice.load.v1 and served at /pools."""
@@ -186,7 +226,7 @@ class PoolState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "watermark_ms": self.watermark_ms, "late_events": self.late_events,
-                "models": self.models,
+                "models": self.models, "replicas_refused": self.replicas_refused,
                 "partials_merged": self.partials_merged, "duplicate_partials": self.duplicate_partials,
                 "seen": self.seen, "requests": {str(k): v.to_dict() for k, v in self.requests.items()},
                 "replicas": {k: v.to_dict() for k, v in self.replicas.items()}}
@@ -198,6 +238,7 @@ class PoolState:
         state.late_events = data["late_events"]
         state.partials_merged = data["partials_merged"]
         state.duplicate_partials = data["duplicate_partials"]
+        state.replicas_refused = data.get("replicas_refused", 0)
         state.models = list(data.get("models", []))
         state.seen = dict(data["seen"])
         state.requests = {int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()}
@@ -222,6 +263,7 @@ class LoadPicture:
     late_events: int
     partials_merged: int
     duplicate_partials: int
+    replicas_refused: int = 0             # not on the wire: load_picture.v1 has no field for it
 
     @property
     def pressure(self) -> float:
@@ -251,6 +293,11 @@ class LoadPicture:
             "partials_merged": self.partials_merged,
             "duplicate_partials": self.duplicate_partials,
         }
+
+
+def _sampled_ms(replica: ReplicaAgg) -> int:
+    """When the replica was last sampled; -1 for never (only a malformed partial has no sample): gone at once."""
+    return replica.latest.event_time if replica.latest is not None else -1
 
 
 # -- reading pictures back ---------------------------------------------------------------------------

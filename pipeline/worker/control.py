@@ -13,7 +13,10 @@ offset ``start`` with metadata ``cut:<end>``. A partial's id is
 the next owner reads the committed ``(start, cut:end)``, folds exactly
 ``[start, end]`` again and publishes it under the same id, which stage 2
 drops as a duplicate (or merges, if the first one never got out). The next
-tick's commit of ``end + 1`` confirms the cut.
+tick's commit of ``end + 1`` confirms the cut. A pool's partial too large for
+one message (a sparse backlog: one entry per event-second) goes out in parts
+under ``topics.partial_budget_bytes()``, ``<id>``, ``<id>#1``, …, split by its
+content alone, so the repeat yields the same parts under the same ids.
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ class ControlConsumer(BatchLoop):
         self.unconfirmed -= set(confirm)
         drained = []
         for where, (start, end) in cuts.items():
-            drained += self.builders[where].drain(f"{start}-{end}")
+            drained += self.builders[where].drain(f"{start}-{end}", topics.partial_budget_bytes())
             self.cut_start[where] = end + 1
             self.unconfirmed.add(where)
         sent = [await self.partials_topic.send(key=p.pool.encode(), value=p.to_bytes()) for p in drained]

@@ -5,6 +5,13 @@ exactly one worker (Faust's group ``app_id``); scaling out moves pools
 between workers. Each merged partial is kept in a changelog table until it
 leaves the cost window, so after a restart or rebalance the states are
 rebuilt from the table, and partial ids make a redelivered partial count once.
+
+A forgotten pool's partials leave the table too, or a rebuild would bring the
+pool back. Faust writes a table change to the changelog partition of the event
+being handled, so they are queued per partials partition and deleted while the
+next partial of that partition is merged; and each table value keeps when it
+was merged, so a rebuild leaves out a pool idle past ``pool_idle_s`` whose
+partials are still there (no partial of its partition came since).
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ import time
 from typing import Any
 
 import orjson
+from faust.streams import current_event
 
-from .. import metrics
+from .. import metrics, topics
 from ..admission.keyring import active_key
 from ..admission.policy import STATES, config_from
 from ..control_loop import ControlLoop, Signal
@@ -50,11 +58,14 @@ class Stage2:
         self.admission_topic = admission_topic
         self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
         self.max_ahead_ms = int(settings.max_clock_skew_s * 1000)
+        self.partitions = topics.PARTIALS.partitions(settings)
+        self.unwanted: dict[int, list[bytes]] = {}  # partials partition → table keys to delete there
+        self.clock = time.time
 
     def _from_the_future(self, partial: Partial) -> bool:
         """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
         times were bounded) would move the pool's watermark and make every real event late."""
-        if partial.newest_ms <= time.time() * 1000 + self.max_ahead_ms:
+        if partial.newest_ms <= self.clock() * 1000 + self.max_ahead_ms:
             return False
         log.warning("ignored partial %s of pool %s: newest event time %d is ahead of the clock", partial.id,
                     partial.pool, partial.newest_ms)
@@ -67,7 +78,8 @@ class Stage2:
 
     def merge(self, partial: Partial, raw: bytes) -> None:
         """Called inside stream iteration, so table writes go to the partial's own partition.
-        ``raw`` is the partial as received: it is what the changelog keeps."""
+        ``raw`` is the partial as received: it is what the changelog keeps, with when it was merged."""
+        self._delete_unwanted(partial)
         if self._from_the_future(partial):
             return
         refused = self.loop.refused_pools
@@ -80,31 +92,52 @@ class Stage2:
             return
         metrics.PARTIALS_MERGED.inc()
         pool_key = partial.pool.encode() + KEY_SEP
-        self.table[pool_key + partial.id.encode()] = raw
+        self.table[pool_key + partial.id.encode()] = stored(raw, int(self.clock() * 1000))
         for partial_id in evicted:
             self.table.pop(pool_key + partial_id.encode(), None)
+
+    def _delete_unwanted(self, partial: Partial) -> None:
+        """Delete the keys queued for the partition this merge writes to: the current event's (outside a
+        stream, where tests call this, the partial's pool's)."""
+        event = current_event()
+        partition = event.message.partition if event is not None else partition_of(partial.pool.encode(),
+                                                                                    self.partitions)
+        for key in self.unwanted.pop(partition, ()):
+            self.table.pop(key, None)
+
+    def _unwanted(self, pool: str, key: bytes) -> None:
+        self.unwanted.setdefault(partition_of(pool.encode(), self.partitions), []).append(key)
 
     def rebuild(self, active_partitions: set[int], partitions: int) -> None:
         """States of the pools whose partials partitions this worker owns, from the (recovered) table.
 
         The table also holds standby copies of other workers' partitions:
         those pools are left out, or two workers would publish for one pool.
+        A pool idle past ``pool_idle_s`` is not rebuilt, and its partials are queued for deletion.
         """
-        partials = []
+        self.unwanted = {}  # queued for partitions this worker may no longer own: found again below
+        kept, active_ms = [], {}
         for key, value in list(self.table.items()):
             pool = key.split(KEY_SEP, 1)[0]
             if partition_of(pool, partitions) in active_partitions:
-                partial = Partial.from_bytes(value)
+                partial, merged_ms = unstored(value)
                 if not self._from_the_future(partial):
-                    partials.append(partial)
-        self.loop.rebuild(partials)
-        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s", len(self.loop.states),
-                 len(partials), sorted(active_partitions))
+                    kept.append((key, partial))
+                    if merged_ms is not None:
+                        active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
+        idle = set(self.loop.rebuild([p for _, p in kept], int(self.clock() * 1000), active_ms))
+        for key, partial in kept:
+            if partial.pool in idle:
+                self._unwanted(partial.pool, key)
+        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s; %d idle pool(s) left "
+                 "out", len(self.loop.states), len(kept), sorted(active_partitions), len(idle))
 
     async def publish(self) -> int:
         """One step of the control loop; its pictures and signals go out, and into the metrics."""
-        now = time.time()
+        now = self.clock()
         step = self.loop.step(int(now * 1000), self.fleet)
+        for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
+            self._unwanted(pool, pool.encode() + KEY_SEP + partial_id.encode())
         sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
         sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
         for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
@@ -127,6 +160,19 @@ class Stage2:
                 absorb(self.fleet, await consumer.getmany(timeout_ms=500))
         finally:
             await consumer.stop()
+
+
+def stored(raw: bytes, merged_ms: int) -> bytes:
+    """A table value: the partial as received, and when it was merged (the worker's clock)."""
+    return orjson.dumps({"merged_ms": merged_ms, "partial": orjson.Fragment(raw)})
+
+
+def unstored(value: bytes) -> tuple[Partial, int | None]:
+    """A table value's partial and merge time; None for a value kept before merge times were."""
+    data = orjson.loads(value)
+    if isinstance(data.get("merged_ms"), int) and "partial" in data:
+        return Partial.from_dict(data["partial"]), data["merged_ms"]
+    return Partial.from_dict(data), None
 
 
 def partition_of(pool_key: bytes, partitions: int) -> int:

@@ -455,3 +455,257 @@ def test_a_fold_waiting_on_a_cuts_commit_never_leaks_into_that_cut(app):
     first, second = (orjson.loads(v) for _, v in control.partials_topic.sent)
     assert (first["id"], second["id"]) == ("raw/0/0-3", "raw/0/4-9")
     assert [sum(b["completed"] for b in p["requests"].values()) for p in (first, second)] == [4, 6]
+
+
+
+def pool_partial(pool, source, event_time):
+    builder = PartialBuilder(source, 15)
+    builder.fold_request(RequestEvent(**request_event(pool=pool, event_time=event_time)))
+    (partial,) = builder.drain(1)
+    return partial.to_bytes()
+
+
+class IdlePool:
+    """Pool "idle-pool" and a neighbour on the same partials partition, the stage-2 clock in the test's hands,
+    and the table's changelog writes recorded."""
+
+    def __init__(self, app):
+        from pipeline import topics
+        from pipeline.worker.pictures import partition_of
+
+        self.app, self.stage2 = app, app.stage2
+        self.partitions = topics.PARTIALS.partitions(app.control.settings)
+        self.partition = partition_of(b"idle-pool", self.partitions)
+        assert self.partition != 0, "not test_context's default partition, or the test would prove little"
+        self.neighbour = next(f"pool-{i}" for i in range(100)
+                              if partition_of(f"pool-{i}".encode(), self.partitions) == self.partition)
+        self.now = 1_700_000_000.0
+        self.stage2.clock = lambda: self.now
+        self.idle_s = self.stage2.loop.pool_idle_ms / 1000
+        self.changelog = []
+        send_changelog = self.stage2.table.send_changelog
+
+        def recording(partition, key, value, *args, **kwargs):
+            self.changelog.append((partition, key, value))
+            return send_changelog(partition, key, value, *args, **kwargs)
+
+        self.stage2.table.send_changelog = recording
+        self.agent = next(a for a in app.agents.values() if a.name.endswith("pictures"))
+
+    async def put(self, agent, pool, source):
+        await agent.put(pool_partial(pool, source, int(self.now * 1000) - 500), key=pool.encode(),
+                        partition=self.partition)
+
+    def restart(self):
+        """A new control loop rebuilt from the table, as after a restart or a rebalance."""
+        from pipeline.worker.pictures import control_loop
+
+        self.stage2.loop = control_loop(self.app.control.settings)
+        self.stage2.rebuild({self.partition}, self.partitions)
+        return set(self.stage2.loop.states)
+
+    def keys(self, pool):
+        from pipeline.worker.pictures import KEY_SEP
+
+        return sorted(k for k in self.stage2.table.keys() if k.startswith(pool.encode() + KEY_SEP))
+
+
+def test_a_forgotten_pools_partials_leave_the_changelog_table(app):
+    """Forgetting a pool tombstoned its picture and signal but kept its partials in the table, so the
+    rebuild after a restart or rebalance brought it back, signalling, until it was forgotten again."""
+    idle = IdlePool(app)
+
+    async def scenario():
+        async with idle.agent.test_context() as agent:
+            await idle.put(agent, "idle-pool", "raw/0")
+            await idle.put(agent, "idle-pool", "raw/1")
+            await idle.stage2.publish()
+            idle.now += idle.idle_s + 1
+            await idle.stage2.publish()
+            assert len(idle.keys("idle-pool")) == 2, "outside stream iteration: queued"
+            await idle.put(agent, idle.neighbour, "raw/2")
+            assert idle.keys("idle-pool") == [], "deleted while a partial of the same partition was merged"
+        return idle.restart()
+
+    assert asyncio.run(scenario()) == {idle.neighbour}
+    forgotten = [(b"idle-pool", None), (b"idle-pool", None)]
+    assert [(k, v) for k, v in app.stage2.load_topic.sent + app.stage2.admission_topic.sent if v is None] == forgotten
+    tombstones = sorted((p, k) for p, k, v in idle.changelog if v is None)
+    assert tombstones == [(idle.partition, b"idle-pool\x1fraw/0/1"), (idle.partition, b"idle-pool\x1fraw/1/1")]
+
+
+def test_a_pool_idle_when_the_worker_restarts_is_not_rebuilt(app):
+    """The worker stopped (or lost the partition) before it forgot the pool, or before a partial of that
+    partition let it delete the pool's partials: the rebuild must not bring the pool back."""
+    idle = IdlePool(app)
+
+    async def scenario():
+        async with idle.agent.test_context() as agent:
+            await idle.put(agent, "idle-pool", "raw/0")
+            await idle.stage2.publish()
+            assert idle.restart() == {"idle-pool"}, "a live pool is rebuilt"
+            idle.now += idle.idle_s + 1
+            assert idle.restart() == set(), "idle past pool_idle_s: left out"
+            assert len(idle.keys("idle-pool")) == 1
+            await idle.put(agent, idle.neighbour, "raw/1")
+            assert idle.keys("idle-pool") == [], "and its partials deleted at the next merge on its partition"
+        return idle.restart()
+
+    assert asyncio.run(scenario()) == {idle.neighbour}
+
+
+def sparse_backlog_records(topic, seconds=20_000):
+    """One pool's request events 7 s apart (about 39 hours): one entry per event-second in its partial."""
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", pool="sparse",
+                            phase=("received", "completed")[i % 2], event_time=1_700_000_000_000 + 7_000 * i)
+              for i in range(seconds)]
+    return [Record(topic, 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+
+
+def whole_partial(recs):
+    """The backlog's partial, unsplit."""
+    builder = PartialBuilder("whole/0", 15)
+    for rec in recs:
+        builder.fold_request(RequestEvent(**orjson.loads(rec.value)))
+    (whole,) = builder.drain("0-0")
+    return whole
+
+
+def unsplit_state(recs, config):
+    """The pool's state had its backlog been merged as one partial."""
+    from pipeline.load.partial import Partial
+    from pipeline.load.picture import PoolState
+
+    state = PoolState("sparse")
+    state.merge(Partial.from_bytes(whole_partial(recs).to_bytes()), config)
+    return state
+
+
+def same_picture(a, b, config):
+    pictures = [state.snapshot(config) for state in (a, b)]
+    for picture in pictures:
+        picture.pop("partials_merged")
+    assert pictures[0] == pictures[1]
+
+
+class SizeLimitedTopic(MemoryTopic):
+    """Refuses what the broker refuses: a value over the topic's max.message.bytes."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+
+    async def send(self, key, value):
+        from aiokafka.errors import MessageSizeTooLargeError
+
+        if len(value) > self.limit:
+            raise MessageSizeTooLargeError(f"{len(value)} bytes over max.message.bytes {self.limit}")
+        return await super().send(key, value)
+
+
+def test_a_sparse_backlog_goes_out_in_parts_the_partials_topic_accepts_and_they_merge_like_one(app):
+    """A cut of one pool spanning ~39 h of sparse events was one 3 MB partial: its send failed and broke the
+    control path. Its parts fit the topic and stage 2 (table eviction included) ends where the whole would.
+    A successor repeating the cut publishes the same parts: those still in the window are dropped by id,
+    those that left it count as late, never in the picture."""
+    from aiokafka import TopicPartition
+
+    from pipeline import topics
+    from pipeline.load.picture import PoolState
+    from pipeline.worker.control import ControlConsumer
+
+    settings = app.control.settings
+    limit = int(topics.topic_configs(settings)[topics.PARTIALS.name(settings)][1]["max.message.bytes"])
+    recs = sparse_backlog_records("raw")
+    control = app.control
+    control.consumer, control.partials_topic = RecordingConsumer([]), SizeLimitedTopic(limit)
+    control.owned.add(("raw", 0))
+    successor = ControlConsumer(settings, MemoryTopic(), SizeLimitedTopic(limit))
+    pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
+    state = {}
+
+    async def merge(agent, topic):
+        for _, value in topic.sent:
+            await agent.put(value, key=b"sparse")
+
+    async def scenario():
+        for start in range(0, len(recs), 5_000):
+            await control.handle(RequestEvent, recs[start:start + 5_000])
+        published = await control.publish_partials()
+        successor.consumer = RecordingConsumer([], committed=dict(control.consumer.committed))
+        await successor.assigned(successor.consumer, TopicPartition("raw", 0))
+        for start in range(0, len(recs), 5_000):
+            await successor.handle(RequestEvent, recs[start:start + 5_000])
+        async with pictures.test_context() as agent:
+            await merge(agent, control.partials_topic)
+            state["first"] = app.stage2.loop.states["sparse"].to_dict()
+            state["table"] = list(app.stage2.table)
+            await merge(agent, successor.partials_topic)
+        return published
+
+    published = asyncio.run(scenario())
+    sent = [value for _, value in control.partials_topic.sent]
+    config = app.stage2.loop.configs.for_pool("sparse")
+    whole = unsplit_state(recs, config)
+    assert len(whole_partial(recs).to_bytes()) > limit and published == len(sent) >= 3
+    assert [orjson.loads(v)["id"] for v in sent] == ["raw/0/0-19999"] + [f"raw/0/0-19999#{k}"
+                                                                          for k in range(1, len(sent))]
+    same_picture(PoolState.from_dict(state["first"]), whole, config)
+    assert state["table"] == [b"sparse\x1fraw/0/0-19999#" + str(len(sent) - 1).encode()], \
+        "the parts that left the cost window left the changelog table"
+    assert successor.partials_topic.sent == control.partials_topic.sent
+    repeated = app.stage2.loop.states["sparse"]
+    assert repeated.duplicate_partials == 1
+    assert repeated.late_events == sum(sum(agg.get("events", 0) for agg in orjson.loads(v)["requests"].values())
+                                       for v in sent[:-1])
+    repeated.late_events, repeated.duplicate_partials = whole.late_events, whole.duplicate_partials
+    same_picture(repeated, whole, config)
+
+
+@pytest.mark.integration
+def test_the_broker_takes_a_sparse_backlogs_parts_it_refuses_whole(settings):
+    """Against the real broker and the partials topic as the workers create it."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from pipeline import topics
+    from pipeline.load.config import PictureConfigs
+    from pipeline.load.partial import Partial
+    from pipeline.load.picture import PoolState
+    from pipeline.worker.control import ControlConsumer
+    from tests.integration.kafka_helpers import read_all
+
+    name = topics.PARTIALS.name(settings)
+    bootstrap = settings.kafka_bootstrap_servers
+    recs = sparse_backlog_records(topics.REQUESTS.name(settings))
+    config = PictureConfigs(settings).for_pool("sparse")
+
+    class ProducerTopic:
+        def __init__(self, producer):
+            self.producer = producer
+
+        async def send(self, key, value):
+            return await self.producer.send(name, key=key, value=value)
+
+    async def scenario():
+        await topics.ensure_topics(settings, bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap,   # as the worker's: a dead letter's size
+                                    max_request_size=topics.dead_letter_max_bytes(settings) + 65536)
+        await producer.start()
+        try:
+            with pytest.raises(MessageSizeTooLargeError):
+                await (await producer.send(name, key=b"sparse", value=whole_partial(recs).to_bytes()))
+            control = ControlConsumer(settings, MemoryTopic(), ProducerTopic(producer))
+            for start in range(0, len(recs), 5_000):
+                await control.handle(RequestEvent, recs[start:start + 5_000])
+            published = await control.publish_partials()
+        finally:
+            await producer.stop()
+        return published, await read_all(bootstrap, name)
+
+    published, landed = asyncio.run(scenario())
+    assert published >= 3 and len(landed) == published
+    state = PoolState("sparse")
+    for record in landed:
+        assert state.merge(Partial.from_bytes(record.value), config)
+    same_picture(state, unsplit_state(recs, config), config)

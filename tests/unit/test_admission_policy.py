@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, class_fractions, decide
+from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, changed, class_fractions, decide
 from pipeline.load.picture import AXES
 
 CFG = AdmissionConfig()
@@ -212,3 +212,22 @@ def test_errors_are_reported_and_tighten_the_retry_budget_but_do_not_shed():
     (d,) = run([{"errors": 5.0}])
     assert d.shed_level == 0.0 and d.signal["axes"]["errors"] == 5.0
     assert d.signal["retry_budget"] < CFG.retry_budget
+
+
+def test_a_move_of_the_predicted_wait_is_published_at_once_and_its_jitter_waits_for_the_heartbeat():
+    """Routers refuse requests whose TTFT SLO is under the predicted wait: 1 s → 3 s refuses a 2 s SLO."""
+    unsteady = ("seq", "issued_at", "valid_until", "max_predicted_wait_s")
+    published = decide(picture(waiting=10, drain=10.0), Decision("p"), CFG, TICK)
+
+    def then(waiting):
+        decision = decide(picture(watermark=2 * TICK, waiting=waiting, drain=10.0), published, CFG, 2 * TICK)
+        assert {k: v for k, v in decision.signal.items() if k not in unsteady} == {
+            k: v for k, v in published.signal.items() if k not in unsteady}, "only the wait moves"
+        return decision
+
+    assert published.signal["max_predicted_wait_s"] == 1.0
+    assert changed(published, then(30)) and changed(published, then(0))
+    assert not changed(published, then(11)) and not changed(published, then(9)), "within 20 %: noise"
+    quiet = decide(picture(waiting=0), Decision("p"), CFG, TICK)
+    assert not changed(quiet, decide(picture(watermark=2 * TICK, waiting=5, drain=100.0), quiet, CFG, 2 * TICK))
+    assert changed(quiet, decide(picture(watermark=2 * TICK, waiting=2, drain=10.0), quiet, CFG, 2 * TICK))

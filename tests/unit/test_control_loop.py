@@ -49,3 +49,38 @@ def test_an_idle_pool_is_forgotten_and_its_place_freed():
     step = control.step(now + 61_001)
     assert step.forgotten == ["a"] and not control.states and not control.decisions and not control.pictures
     assert control.merge(partial_for("b", now + 61_000, 3)) is not None
+
+
+def test_a_forgotten_pool_releases_the_partials_it_held():
+    control = loop(pool_idle_ms=60_000)
+    now = 1_700_000_000_000
+    control.merge(partial_for("a", now, 1))
+    control.merge(partial_for("a", now + 500, 2))
+    control.step(now + 1000)
+    step = control.step(now + 61_001)
+    assert step.forgotten == ["a"] and sorted(step.released) == [("a", "raw/1/1"), ("a", "raw/2/2")]
+
+
+def test_rebuild_leaves_out_pools_idle_past_pool_idle_and_keeps_the_others_idle_clocks():
+    control = loop(pool_idle_ms=60_000)
+    now = 1_700_000_000_000
+    partials = [partial_for("idle", now - 90_000, 1), partial_for("busy", now - 90_000, 2),
+                partial_for("old", now - 90_000, 3)]
+    idle = control.rebuild(partials, now, {"idle": now - 60_001, "busy": now - 59_000})
+    assert idle == ["idle"] and set(control.states) == {"busy", "old"}, "no merge time (an older table): active"
+    assert control.step(now + 999).forgotten == []
+    assert control.step(now + 1_001).forgotten == ["busy"], "idle since it last merged, not since the rebuild"
+    assert control.step(now + 60_001).forgotten == ["old"]
+
+
+def test_replicas_refused_at_a_pools_bound_are_counted():
+    from pipeline.load.aggregates import ReplicaAgg, ReplicaLatest
+    from pipeline.load.picture import MAX_REPLICAS
+
+    control = loop()
+    now = 1_700_000_000_000
+    partial = partial_for("p", now, 1)
+    partial.replicas = {f"r{i}": ReplicaAgg(ReplicaLatest(now, "H100-80GB", 4, 0, 0, 0.5, True))
+                        for i in range(MAX_REPLICAS + 76)}
+    control.merge(partial)
+    assert control.refused_replicas == 76 and len(control.states["p"].replicas) == MAX_REPLICAS

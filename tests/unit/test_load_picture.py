@@ -7,6 +7,8 @@ admission policy and ``sluice pools`` must be able to read without crashing.
 
 import json
 import math
+import tracemalloc
+from dataclasses import replace
 from typing import Any, Iterator
 
 import orjson
@@ -15,11 +17,12 @@ import pytest
 from pipeline.admission.policy import AdmissionConfig, Decision, decide
 from pipeline.contract import SCHEMA_DIR, compile_schema
 from pipeline.load.axes import AXIS_FUNCTIONS, Axis
-from pipeline.load.partial import PartialBuilder
-from pipeline.load.picture import AXES, MAX_PICTURE_BYTES, LoadPicture, PoolState, read_picture
+from pipeline.load.aggregates import ReplicaAgg, ReplicaLatest
+from pipeline.load.partial import Partial, PartialBuilder
+from pipeline.load.picture import AXES, MAX_PICTURE_BYTES, MAX_REPLICAS, LoadPicture, PoolState, read_picture
 from pipeline.pools_view import format_table
 from tests.reference import reference
-from tests.unit.test_picture import CONFIG, req, sample, scenario_partials
+from tests.unit.test_picture import CONFIG, PROFILE, req, sample, scenario_partials
 
 SCHEMA = json.loads((SCHEMA_DIR / "load_picture.v1.json").read_text())
 NOW_MS = 200_000
@@ -98,6 +101,72 @@ def test_the_typed_value_keeps_an_unbounded_cost_that_the_wire_reports_as_null()
     cost = state.picture(CONFIG).axes["cost"]
     assert cost.value == math.inf and cost.pressure == 10.0
     assert cost.to_dict()["value"] is None
+
+
+# -- replicas are bounded ----------------------------------------------------------------------------
+
+def invented_replicas(n: int, start: int, event_ms: int) -> Partial:
+    """A partial sampling ``n`` replica ids never seen before, once each."""
+    latest = ReplicaLatest(event_ms, "H100-80GB", 4, 1, 0, 0.5, True)
+    return Partial(id=f"raw/0/{start}", pool="p", newest_ms=event_ms,
+                   replicas={f"invented-{start + i}": ReplicaAgg(replace(latest)) for i in range(n)})
+
+
+def replicas_at(tick: int, second: int, *ids: str) -> Partial:
+    builder = PartialBuilder(f"raw/{tick}", 15)
+    for replica_id in ids:
+        builder.fold_sample(sample(replica_id, second, 0, 0.5, 0))
+    (partial,) = builder.drain(tick)
+    return partial
+
+
+def test_100k_invented_replica_ids_leave_a_pools_state_and_picture_bounded():
+    state = busy_state()  # r1, r2 fresh and r3 quiet at 110 s
+    tracemalloc.start()
+    settled = tracemalloc.get_traced_memory()[0]
+    for start in range(0, 100_000, 1000):
+        state.merge(invented_replicas(1000, start, 110_000), CONFIG)
+    grown = tracemalloc.get_traced_memory()[0] - settled
+    tracemalloc.stop()
+    assert len(state.replicas) == MAX_REPLICAS and {"r1", "r2", "r3"} <= state.replicas.keys()
+    assert grown < 2 << 20, f"{grown / 2**20:.1f} MiB for invented replicas"
+    picture = state.picture(CONFIG)
+    assert picture.replicas_refused == state.replicas_refused == 100_000 - (MAX_REPLICAS - 3)
+    assert picture.to_dict()["replicas"]["total"] == MAX_REPLICAS
+    assert len(orjson.dumps(picture.to_dict())) < MAX_PICTURE_BYTES
+
+
+def test_a_gone_replica_makes_room_for_a_new_one_but_a_live_or_quiet_one_never_does():
+    config = replace(CONFIG, max_replicas=3, cost_window_s=300)  # the cost window alone would keep all
+    state = PoolState("p")
+    state.merge(replicas_at(1, 100, "old", "a"), config)
+    state.merge(replicas_at(2, 125, "a", "b"), config)   # old silent 25 s: stale but quiet (may still serve)
+    state.merge(replicas_at(3, 125, "c"), config)
+    assert set(state.replicas) == {"old", "a", "b"} and state.replicas_refused == 1
+    state.merge(replicas_at(4, 131, "a", "b", "d"), config)  # old silent 31 s: gone, d takes its place
+    assert set(state.replicas) == {"a", "b", "d"} and state.replicas_refused == 1
+    picture = state.picture(config)
+    assert picture.replicas.fresh == ("a", "b", "d") and picture.replicas.stale == ()
+    assert picture.axes["demand"].limit == PROFILE.capacity_rps_per_replica * 3
+
+
+def test_a_quiet_replica_is_not_forgotten_before_it_is_gone_even_past_the_cost_window():
+    """A cost window shorter than twice ``stale_after_s`` once dropped a replica while its cache still
+    counted as full; now each replica goes only once it is gone."""
+    state = PoolState("p")
+    state.merge(replicas_at(1, 100, "quiet", "live"), CONFIG)  # cost window 20 s + lateness 5 s; stale 15 s
+    state.merge(replicas_at(2, 127, "live"), CONFIG)
+    assert state.picture(CONFIG).replicas.quiet == ("quiet",)
+    state.merge(replicas_at(3, 131, "live"), CONFIG)
+    assert set(state.replicas) == {"live"}
+
+
+def test_churning_replica_ids_are_forgotten_a_bounded_time_after_their_last_sample():
+    state = PoolState("p")
+    for second in range(100, 1100):
+        state.merge(replicas_at(second, second, f"replica-{second}"), CONFIG)
+        assert len(state.replicas) <= 32, "silent for 31 s at most: twice stale_after_s, past the cost window"
+    assert state.replicas_refused == 0
 
 
 # -- the schema --------------------------------------------------------------------------------------
