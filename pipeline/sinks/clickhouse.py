@@ -27,6 +27,7 @@ class ClickHouseSink:
         self.retry_max_s = retry_max_s
         self.suspect_after = suspect_after
         self.held = False
+        self.closing = False  # the worker is stopping: give up instead of holding
 
     async def _answers(self) -> bool:
         try:
@@ -49,6 +50,8 @@ class ClickHouseSink:
                 result = await asyncio.to_thread(fn, *args)
                 break
             except StoreUnavailable as exc:
+                if self.closing:  # a hold would keep a rebalance callback, and so the shutdown, waiting forever
+                    raise
                 unclassified = 0 if exc.known_outage else unclassified + 1
                 if rows_at_fault and unclassified >= self.suspect_after and await self._answers():
                     log.warning("store keeps refusing %s with an unclassified error while it answers queries; "

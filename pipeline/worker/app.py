@@ -77,8 +77,8 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.on_before_shutdown.connect
     async def close_store(sender: Any, **kwargs: Any) -> None:
-        if landing is not None and landing.store is not None:
-            await asyncio.to_thread(landing.store.close)
+        if landing is not None:
+            await landing.close()
 
     metrics.attach_faust_sensors(app)
     add_pages(app, settings, control, landing, stage2)

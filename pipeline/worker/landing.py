@@ -49,6 +49,13 @@ class LandingConsumer(BatchLoop):
             self.sink = BlockSink(self.settings, self.store, self._send_dead_letter)
             self.store_ok = True
 
+    async def close(self) -> None:
+        """At shutdown: stop holding on the store (nothing more lands), then close it."""
+        if self.sink is not None:
+            self.sink.sink.closing = True
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
     async def _send_dead_letter(self, key: bytes, value: bytes) -> None:
         await (await self.dead_letter_topic.send(key=key, value=value))
 

@@ -137,3 +137,17 @@ def test_a_batch_of_a_revoked_partition_opens_no_block_for_the_next_owner():
 
     asyncio.run(scenario())
     assert set(landing.sink.open_blocks) == {(topic, 0)}
+
+
+def test_a_stopping_worker_gives_up_instead_of_holding_on_a_closed_store():
+    """Holding during shutdown kept a rebalance callback, and so the worker's stop, waiting until SIGKILL."""
+    sink = ClickHouseSink(FlakyStore(failures=10**9), retry_initial_s=0.01)
+    sink.closing = True
+
+    async def attempt():
+        try:
+            await asyncio.wait_for(sink.call("resume", sink.store.insert, "t", b"", None), 2)
+        except StoreUnavailable:
+            return "gave up"
+
+    assert asyncio.run(attempt()) == "gave up"

@@ -64,3 +64,31 @@ async def delete_before(bootstrap: str, offsets: dict[TopicPartition, int]) -> N
         await admin.delete_records({tp: RecordsToDelete(before_offset=o) for tp, o in offsets.items() if o > 0})
     finally:
         await admin.close()
+
+
+async def topic_names(bootstrap: str) -> set[str]:
+    """Every topic the broker knows."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def replace_topic_config(bootstrap: str, topic: str, config: dict[str, str]) -> None:
+    """Set ``topic``'s config to ``config`` (AlterConfigs: every key not given goes back to the broker's
+    default, so pass the whole config, e.g. ``spec.config(settings)`` plus the change)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for response in await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, config)]):
+            for code, message, *_ in response.resources:
+                assert code == 0, f"cannot alter {topic}'s config: error {code} {message}"
+    finally:
+        await admin.close()

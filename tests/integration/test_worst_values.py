@@ -1,0 +1,535 @@
+"""Worst values through the real thing: a `sluice worker` subprocess, the real broker, the embedded store, and a
+RouterClient obeying the signals — asserting on the decisions routers get and on the rows that land.
+
+The agent tests (tests/agent) check the same worst values against in-memory collaborators; here each one has
+to get through Kafka (record sizes, timestamps, compaction, Faust's changelog recovery) and chdb (its own
+refusals) as well. Every test but the timestamp one keeps a pool (``hot``) overloaded and requires its signals
+to stay fresh and shedding while the worst values go by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import base64
+import re
+import time
+from dataclasses import replace
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline import topics
+from pipeline.events import MAX_SOURCE_TIMESTAMP_MS, ReplicaSample, RequestEvent
+from pipeline.load.partial import PartialBuilder
+from pipeline.pools_view import latest_pictures
+from pipeline.router import Admit, Request, RouterClient
+from pipeline.sim.specimens import replica_sample, request_event
+from pipeline.sinks.store import open_store
+from pipeline.worker.pictures import KEY_SEP, partition_of, stored
+from pipeline.worker_process import healthy
+from tests.conftest import run, wait_for
+from tests.integration.kafka_helpers import replace_topic_config, topic_names
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"test": "worst-values-test-secret-0123"}
+POLICY = {"step_down": 0.15, "level_step_down": 0.15}
+POOL = "hot"
+REPLICAS = ("hot-r0", "hot-r1")
+HOUR_MS, DAY_MS, YEAR_MS = 3_600_000, 86_400_000, 365 * 86_400_000
+SCHEMA_MAX_MS = 4_102_444_800_000   # 2100-01-01: the schemas' bound on event_time
+STALE_AFTER_S = 5.0                 # the policy's default: a picture not advancing for this long is stale
+HOLD_S = STALE_AFTER_S + 2.5        # how long the pool must stay fresh and shedding after a worst value
+BIG = 2_000_000                     # "2 MB": what a raw topic accepts (4 x max_event_bytes) ...
+UNDER_1MIB = 1_000_000              # ... and the most a 1 MiB topic (partials, load, admission) takes instead
+
+
+@pytest.fixture
+def loop_settings(settings):
+    return replace(settings, tick_s=0.25, fast_window_s=2.0, heartbeat_s=1.0, ingest_batch_within_s=0.05,
+                   signing_keys=KEYS, signing_key_id="test", admission_policy=POLICY)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def until(condition, timeout_s: float, message: str):
+    """conftest's ``wait_for`` off the event loop, so the fleet and the router go on while it polls."""
+    return await asyncio.to_thread(wait_for, condition, timeout_s, 0.1, message)
+
+
+def metric(worker, name: str, **labels) -> float:
+    """Sum of ``name``'s samples (with these labels) in the worker's /metrics; 0 if it does not answer."""
+    try:
+        text = worker.scrape()
+    except OSError:
+        return 0.0
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def topic_counts(worker, topic: str) -> tuple[int, int, int]:
+    """(accepted, duplicates, dead-lettered) of one source topic, as the landing path counted them."""
+    return tuple(int(metric(worker, name, topic=topic)) for name in (
+        "sluice_events_accepted_total", "sluice_events_duplicate_total", "sluice_events_dead_lettered_total"))
+
+
+def overloaded_sample(replica: str, time_ms: int, preemptions: int) -> dict:
+    return replica_sample(event_time=time_ms, replica_id=replica, pool=POOL, requests_running=16,
+                          requests_waiting=40, kv_cache_usage=0.99, preemptions_total=preemptions,
+                          prompt_tokens_total=0, generation_tokens_total=0, prefix_cache_hits_total=0,
+                          prefix_cache_queries_total=0)
+
+
+class ShedLoop:
+    """An overloaded pool ``hot`` (samples every 0.25 s) and a router following its signals."""
+
+    def __init__(self, settings):
+        self.s = settings
+        self.router = RouterClient(settings, settings.kafka_bootstrap_servers,
+                                   {k: v.encode() for k, v in KEYS.items()}, seed=1)
+        self.producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers,
+                                         max_request_size=8 * 1024 * 1024, request_timeout_ms=30000)
+        self.signals: list[dict] = []   # every signal of POOL the router accepted, in order
+        self.pump: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "ShedLoop":
+        offer = self.router.book.offer
+
+        def offered(message):
+            accepted = offer(message)
+            if accepted and (signal := orjson.loads(message))["pool"] == POOL:
+                self.signals.append(signal)
+            return accepted
+
+        self.router.book.offer = offered
+        await self.router.start()
+        await self.producer.start()
+        self.pump = asyncio.create_task(self._fleet())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.pump.cancel()
+        await asyncio.gather(self.pump, return_exceptions=True)
+        await self.producer.stop()
+        await self.router.stop()
+
+    async def _fleet(self) -> None:
+        preemptions = dict.fromkeys(REPLICAS, 0)
+        topic = topics.REPLICAS.name(self.s)
+        while True:
+            for replica in REPLICAS:
+                preemptions[replica] += 2
+                value = orjson.dumps(overloaded_sample(replica, now_ms(), preemptions[replica]))
+                await self.producer.send(topic, value, key=replica.encode())
+            await asyncio.sleep(0.25)  # the fleet's sampling interval, not a synchronisation
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None, **kw):
+        """Produce one record and wait for the broker's answer (its metadata, or the error it gave)."""
+        try:
+            return await (await self.producer.send(topic, value, key=key, **kw))
+        except KafkaError as exc:
+            return exc
+
+    def sheddable(self) -> float | None:
+        signal = self.router.book.signals.get(POOL)
+        return None if signal is None else signal["admit_fraction"]["sheddable"]
+
+    async def shedding(self, timeout_s: float = 45) -> None:
+        await until(lambda: (self.sheddable() or 1.0) < 1.0, timeout_s, f"{POOL} to shed sheddable work")
+
+    async def keeps_shedding(self, since_ms: int, hold_s: float = HOLD_S) -> list[dict]:
+        """Wait for ``hold_s`` of signals issued after ``since_ms``; every one must be fresh (not ``stale``)
+        and shedding, the seq must advance with no gap a router would see as silence, and the router must
+        refuse sheddable work."""
+        await until(lambda: self.signals and self.signals[-1]["issued_at"] >= since_ms + hold_s * 1000,
+                    hold_s + 30, f"{hold_s:.1f}s of {POOL}'s signals after the worst values")
+        window = [s for s in self.signals if s["issued_at"] >= since_ms]
+        summary = [(s["seq"], s["state"], s["admit_fraction"]["sheddable"]) for s in window]
+        assert all(s["state"] != "stale" for s in window), f"{POOL} went stale: {summary}"
+        assert all(s["admit_fraction"]["sheddable"] < 1.0 for s in window), f"{POOL} stopped shedding: {summary}"
+        seqs = [s["seq"] for s in window]
+        assert seqs == sorted(set(seqs)) and len(seqs) >= 3, summary
+        issued = [s["issued_at"] for s in window]
+        gaps = [b - a for a, b in zip(issued, issued[1:])]
+        assert max(gaps) <= 3 * self.s.heartbeat_s * 1000, f"silences of {max(gaps)} ms between signals"
+        assert self.router.book.signals[POOL]["valid_until"] > now_ms(), "the router holds no valid signal"
+        verdicts = [self.router.decide(Request(POOL, "sheddable")) for _ in range(200)]
+        assert sum(not isinstance(v, Admit) for v in verdicts) > 100, "the router admits sheddable work"
+        return window
+
+
+def dead_letter_rows(settings, where: str = "1") -> list[dict]:
+    """Rows of the dead_letters table (the worker must be stopped: the embedded store is one process's)."""
+    store = open_store(settings)
+    try:
+        return store.query(
+            "SELECT reason, source_topic, source_partition, source_offset, value_b64, value_size, "
+            "toUnixTimestamp64Milli(source_timestamp) AS source_ts FROM dead_letters "
+            f"WHERE {where} ORDER BY source_topic, source_partition, source_offset")
+    finally:
+        store.close()
+
+
+# 1 -----------------------------------------------------------------------------------------------------------
+
+def test_events_from_the_future_are_dead_lettered_and_a_shedding_pool_keeps_shedding(loop_settings,
+                                                                                      worker_factory):
+    """An hour, a year and the schema's last instant (2100-01-01, ~73 years) ahead: valid by the schema,
+    dead-lettered as ``event_time_ahead`` by both paths; 75 years is past the schema (``out_of_range``).
+    Either way the pool's watermark stays put, so its real samples keep its picture fresh and it keeps
+    shedding."""
+    s = loop_settings
+    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s).start()
+    requests_topic, replicas_topic = topics.REQUESTS.name(s), topics.REPLICAS.name(s)
+
+    async def scenario():
+        async with ShedLoop(s) as loop:
+            await loop.shedding()
+            base = now_ms()
+            ahead = {"1h": base + HOUR_MS, "1y": base + YEAR_MS, "2100": SCHEMA_MAX_MS, "75y": base + 75 * YEAR_MS}
+            sent = {}
+            for label, event_time in ahead.items():
+                event = request_event(event_time=event_time, pool=POOL, task_id=f"future-{label}",
+                                      request_id=f"future-{label}-r1")
+                sample = overloaded_sample("hot-r0", event_time, 10**6)
+                sample["requests_waiting"] = 0  # a calm sample from the future: it would end the shedding
+                sample["kv_cache_usage"] = 0.1
+                for topic, doc, key in ((requests_topic, event, event["task_id"]),
+                                        (replicas_topic, sample, "hot-r0")):
+                    md = await loop.send(topic, orjson.dumps(doc), key.encode())
+                    assert not isinstance(md, Exception), md
+                    sent[doc["event_id"]] = "out_of_range" if label == "75y" else "event_time_ahead"
+            await until(lambda: metric(worker, "sluice_control_events_total", outcome="dead_lettered") >= len(sent),
+                        30, "the control path to dead-letter the events from the future")
+            window = await loop.keeps_shedding(now_ms())
+            counts = await until(lambda: (c := worker.counts()).dead_lettered >= len(sent) and c, 30,
+                                 "the landing path to land the dead letters")
+            return sent, window, counts
+
+    sent, window, counts = run(scenario())
+    assert counts.reasons == {"event_time_ahead": 6, "out_of_range": 2}, counts.reasons
+    assert metric(worker, "sluice_control_events_total", outcome="dead_lettered") == len(sent)
+    worker.stop()
+
+    letters = dead_letter_rows(s)
+    got = {orjson.loads(base64.b64decode(r["value_b64"]))["event_id"]: r["reason"] for r in letters}
+    assert got == sent, "each event from the future is one row of dead_letters, with its reason and bytes"
+    most = max(x["admit_fraction"]["sheddable"] for x in window)
+    print(f"\nfuture events: {len(sent)} dead-lettered; {len(window)} signals over {HOLD_S}s after, all "
+          f"{sorted({x['state'] for x in window})}, sheddable <= {most}")
+
+
+# 2 -----------------------------------------------------------------------------------------------------------
+
+GARBAGE = [b"\x00\xff\xfe\x80 not even UTF-8", b"not json", b"", b"[]", b"null", b'"a string"', b"1e999",
+           b"{" * 10_000,  # nested past any parser's depth
+           b'{"schema_version": "1", "event_id": 7, "event_time": "now", "pool": ["hot"], "replica_id": null}',
+           b'{"id": 1, "pool": "hot", "newest_ms": "x", "requests": {"a": 1}, "replicas": []}',
+           b'{"pool": "hot", "watermark_ms": -1, "axes": 5, "seq": 18446744073709551616}']
+
+
+def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(loop_settings, worker_factory):
+    """Bytes that are no event, no partial, no picture and no signal — empty, wrong types, nested 10,000
+    deep, 2 MB where the topic takes it (the raw topics; 1 MB on the 1 MiB ones), tombstones and null
+    keys, plus a well-formed partial from 2100 on the partials topic — on requests, replicas, partials,
+    load and admission, keyed like the overloaded pool. The worker stays up and healthy, every raw and
+    admission record is dead-lettered, and the pool's signals go on, fresh and shedding."""
+    s = loop_settings
+    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s).start()
+    names = {spec: spec.name(s) for spec in (topics.REQUESTS, topics.REPLICAS, topics.PARTIALS, topics.LOAD,
+                                             topics.ADMISSION)}
+    keys = {topics.REQUESTS: b"task-garbage", topics.REPLICAS: b"hot-r0", topics.PARTIALS: POOL.encode(),
+            topics.LOAD: POOL.encode(), topics.ADMISSION: POOL.encode()}
+
+    future = PartialBuilder(f"{names[topics.REQUESTS]}/0", 15)
+    future.fold_request(RequestEvent(**request_event(pool=POOL, event_time=SCHEMA_MAX_MS)))
+    (future_partial,) = future.drain("999999-999999")
+
+    async def scenario():
+        async with ShedLoop(s) as loop:
+            await loop.shedding()
+            seq_before = loop.signals[-1]["seq"]
+            refused_before = sum(loop.router.book.refused.values())
+            sent: dict[str, list] = {name: [] for name in names.values()}
+            big_sizes = {}
+            for spec, name in names.items():
+                values = [*GARBAGE, None]
+                if spec is topics.PARTIALS:
+                    values.append(future_partial.to_bytes())
+                for value in values:
+                    md = await loop.send(name, value, keys[spec])
+                    assert not isinstance(md, Exception), (name, value[:40] if value else value, md)
+                    sent[name].append(value)
+                md = await loop.send(name, GARBAGE[0], None)    # no key at all
+                if spec.compacted:                              # a compacted topic refuses a record without
+                    assert isinstance(md, KafkaError), md       # a key (the broker's CorruptRecordException)
+                else:
+                    assert not isinstance(md, Exception), (name, md)
+                    sent[name].append(GARBAGE[0])
+                big = await loop.send(name, b"\xff" * BIG, keys[spec])
+                if isinstance(big, Exception):                  # the topic refuses it: the most it takes
+                    big = await loop.send(name, b"\xff" * UNDER_1MIB, keys[spec])
+                    assert not isinstance(big, Exception), (name, big)
+                    big_sizes[name] = UNDER_1MIB
+                else:
+                    big_sizes[name] = BIG
+                sent[name].append(b"\xff" * big_sizes[name])
+            since = now_ms()
+            raw = [names[topics.REQUESTS], names[topics.REPLICAS]]
+            expected = {t: len(sent[t]) for t in raw}
+            expected[names[topics.ADMISSION]] = sum(v is not None for v in sent[names[topics.ADMISSION]])
+            await until(lambda: all(topic_counts(worker, t)[2] >= n for t, n in expected.items()), 60,
+                        "the landing path to dead-letter every raw and admission record")
+            await until(lambda: metric(worker, "sluice_partials_refused_total") >= 1, 30,
+                        "stage 2 to refuse the partial from 2100")
+            window = await loop.keeps_shedding(since)
+            assert window[-1]["seq"] > seq_before
+            refused = sum(loop.router.book.refused.values()) - refused_before
+            return (expected, big_sizes, window, refused, dict(loop.router.book.refused),
+                    sent[names[topics.PARTIALS]], sent[names[topics.LOAD]])
+
+    expected, big_sizes, window, refused, reasons, sent_partials, sent_load = run(scenario())
+    assert worker.proc.poll() is None and healthy(worker.base_url), "the worker is up and healthy"
+    for topic, n in expected.items():
+        accepted, duplicates, dead = topic_counts(worker, topic)
+        assert dead == n and duplicates == 0, (topic, accepted, duplicates, dead)
+    assert topic_counts(worker, names[topics.REQUESTS])[0] == 0, "no garbage passed as a request event"
+    assert refused >= expected[names[topics.ADMISSION]], f"the router saw the garbage signals: {reasons}"
+    log = worker.log_path.read_text(errors="replace")
+    skipped_partials = log.count("ignored a partial that does not parse or merge")
+    skipped_pictures = log.count(f"skipped a record of {names[topics.LOAD]}")
+    worker.stop()
+    assert skipped_partials == len(sent_partials) - 1, "stage 2 skipped each garbage partial (and refused 2100's)"
+    assert skipped_pictures == sum(v is not None for v in sent_load), "the fleet view skipped each non-picture"
+
+    letters = dead_letter_rows(s)
+    by_topic = {}
+    for row in letters:
+        by_topic[row["source_topic"]] = by_topic.get(row["source_topic"], 0) + 1
+    assert by_topic == expected, "one dead_letters row per bad raw or admission record"
+    assert max(r["value_size"] for r in letters) == BIG, "the 2 MB record landed whole in dead_letters"
+    print(f"\ngarbage: dead-lettered {expected}; largest accepted per topic {big_sizes}; stage 2 skipped "
+          f"{skipped_partials} partial(s), the fleet view {skipped_pictures} picture(s); router refused "
+          f"{reasons}; {len(window)} signals after, all {sorted({x['state'] for x in window})}")
+
+
+# 3 -----------------------------------------------------------------------------------------------------------
+
+LONG_MAX = 2**63 - 1
+
+
+def test_hostile_record_timestamps_cost_nothing_and_every_record_is_accounted_for(settings, worker_factory):
+    """Kafka timestamps the broker takes by default (0, -1, -5, now + 50 min: the broker refuses more than
+    an hour ahead, log.message.timestamp.after.max.ms = 3,600,000 in Kafka 4.1, and nothing behind,
+    before.max.ms = Long.MAX), and, once the topic allows any time ahead, up to Long.MAX — on malformed
+    records (whose dead letters carry the timestamp when a store can hold it, else null) and on valid and
+    re-sent events. Every record is accepted, a duplicate or dead-lettered; every dead letter lands."""
+    s = replace(settings, ingest_batch_within_s=0.05)
+    bootstrap = s.kafka_bootstrap_servers
+    run(topics.ensure_topics(s, bootstrap))
+    topic = topics.REQUESTS.name(s)
+    worker = worker_factory(s).start()
+    now = now_ms()
+    by_default = [0, -1, -5, now + 50 * 60_000]
+    once_allowed = [now + 2 * HOUR_MS, MAX_SOURCE_TIMESTAMP_MS, MAX_SOURCE_TIMESTAMP_MS + 1, 253_402_300_799_999,
+                    2**62, LONG_MAX]
+
+    async def produce():
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+        await producer.start()
+        letters, events, refused = {}, [], []
+
+        async def send(value, ts):
+            try:
+                return await (await producer.send(topic, value, key=b"ts-task", timestamp_ms=ts))
+            except KafkaError as exc:
+                return exc
+
+        def valid(**kw):
+            return orjson.dumps(request_event(task_id="ts-task", request_id="ts-task-r1", pool="ts-pool",
+                                              event_time=now_ms(), **kw))
+
+        try:
+            for ts in [*by_default, *once_allowed]:
+                md = await send(b'{"schema_version": 1, "event_id": "not json', ts)
+                if isinstance(md, KafkaError):
+                    refused.append(ts)
+                else:
+                    letters[(md.partition, md.offset)] = ts
+            assert refused == once_allowed, f"the broker's defaults refuse exactly these: {refused}"
+            config = {**topics.REQUESTS.config(s), "message.timestamp.after.max.ms": str(LONG_MAX)}
+            await replace_topic_config(bootstrap, topic, config)
+            for ts in once_allowed:
+                md = await send(b'{"schema_version": 1, "event_id": "not json', ts)
+                assert not isinstance(md, KafkaError), (ts, md)
+                letters[(md.partition, md.offset)] = ts
+            for ts in (0, -1, now + 50 * 60_000, LONG_MAX):
+                value = valid()
+                events.append(await send(value, ts))
+                if ts == LONG_MAX:  # a producer retry of the same event, far in the future by Kafka's clock
+                    events.append(await send(value, 2**62))
+            assert not any(isinstance(md, KafkaError) for md in events), events
+        finally:
+            await producer.stop()
+        return letters, events
+
+    letters, events = run(produce())
+    produced = len(letters) + len(events)
+    counts = wait_for(lambda: sum(c := topic_counts(worker, topic)) >= produced and c, 60,
+                      message="the landing path to account for every record")
+    assert counts == (len(events) - 1, 1, len(letters)), f"(accepted, duplicates, dead-lettered) = {counts}"
+    assert worker.proc.poll() is None and healthy(worker.base_url)
+    worker.stop()
+
+    rows = dead_letter_rows(s)
+    got = {(r["source_partition"], r["source_offset"]): r["source_ts"] for r in rows}
+    expected = {where: ts if 0 <= ts <= MAX_SOURCE_TIMESTAMP_MS else None for where, ts in letters.items()}
+    assert got == expected, "one dead_letters row per malformed record, with its timestamp when storable"
+    assert {r["reason"] for r in rows} == {"malformed_json"}
+    store = open_store(s)
+    try:
+        (landed,) = store.query("SELECT count() AS n, uniqExact(event_id) AS ids FROM request_events "
+                                "WHERE pool = 'ts-pool'")
+    finally:
+        store.close()
+    assert landed == {"n": len(events) - 1, "ids": len(events) - 1}
+    print(f"\nhostile timestamps: {len(letters)} dead letters landed (timestamps {sorted(letters.values())}), "
+          f"{len(events) - 1} events landed, 1 duplicate dropped")
+
+
+# 4 -----------------------------------------------------------------------------------------------------------
+
+def test_a_block_the_store_refuses_for_its_spread_neither_stalls_landing_nor_touches_decisions(loop_settings,
+                                                                                              worker_factory):
+    """101 valid request events of one pool, one task (one partition, one block), one per day over 101 days:
+    ClickHouse refuses the insert (code 252, too many partitions for one INSERT block). The block lands row
+    by row, each event lands or is dead-lettered (store_rejected), the next events behind it land, and the
+    overloaded pool's decisions do not notice."""
+    s = replace(loop_settings, sink_block_age_s=3.0)  # the 101 events gather into one block
+    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s).start()
+    topic = topics.REQUESTS.name(s)
+    task = "archive-task"
+
+    def archived(event_time):
+        return request_event(pool="archive", task_id=task, request_id=f"{task}-r1", event_time=event_time)
+
+    async def scenario():
+        async with ShedLoop(s) as loop:
+            await loop.shedding()
+            since = now_ms()
+            today = since - since % DAY_MS + HOUR_MS
+            spread = [archived(today - day * DAY_MS) for day in range(1, 102)]
+            sends = [await loop.producer.send(topic, orjson.dumps(e), key=task.encode()) for e in spread]
+            partitions = {md.partition for md in await asyncio.gather(*sends)}
+            assert len(partitions) == 1
+            await until(lambda: sum(topic_counts(worker, topic)) >= len(spread), 90,
+                        "the landing path to land or dead-letter the 101-day block")
+            later = [archived(now_ms()) for _ in range(5)]
+            for e in later:
+                md = await loop.send(topic, orjson.dumps(e), task.encode())
+                assert not isinstance(md, Exception), md
+            counts = await until(lambda: sum(c := topic_counts(worker, topic)) >= len(spread) + len(later) and c,
+                                 60, "the events behind the refused block to land")
+            window = await loop.keeps_shedding(since)
+            return spread, later, counts, window
+
+    spread, later, counts, window = run(scenario())
+    reasons = worker.counts().reasons
+    worker.stop()
+    log = worker.log_path.read_text(errors="replace")
+    assert re.search(r"store refused block request_events:\S+ \(.*Too many partitions for single INSERT block", log), \
+        "the store refused the 101-day block (else this test tests nothing)"
+
+    accepted, duplicates, dead = counts
+    assert duplicates == 0 and accepted + dead == len(spread) + len(later)
+    assert dead == reasons.get("store_rejected", 0), reasons
+    store = open_store(s)
+    try:
+        rows = store.query("SELECT toString(event_id) AS id, toDate(event_time) AS day FROM request_events "
+                           "WHERE pool = 'archive'")
+    finally:
+        store.close()
+    letters = dead_letter_rows(s, "reason = 'store_rejected'")
+    landed_ids = {r["id"] for r in rows}
+    rejected_ids = {orjson.loads(base64.b64decode(r["value_b64"]))["event_id"] for r in letters}
+    assert len(rows) == len(landed_ids) == accepted and len(letters) == dead
+    assert landed_ids | rejected_ids == {e["event_id"] for e in spread + later} and not landed_ids & rejected_ids
+    assert {e["event_id"] for e in later} <= landed_ids, "the events behind the refused block landed"
+    print(f"\n101-day block: refused whole by the store, then {accepted} rows landed over "
+          f"{len({r['day'] for r in rows})} days, {dead} dead-lettered; {len(window)} signals meanwhile, all "
+          f"{sorted({x['state'] for x in window})}")
+
+
+# 5 -----------------------------------------------------------------------------------------------------------
+
+async def produce_one(bootstrap: str, topic: str, value: bytes, key: bytes, **kw) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await (await producer.send(topic, value, key=key, **kw))
+    finally:
+        await producer.stop()
+
+
+def changelog_topic(settings) -> str:
+    """Stage 2's table (``pool_partials`` in pipeline/worker/app.py) as Faust names its changelog."""
+    return f"{settings.app_id}-pool_partials-changelog"
+
+
+def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool(loop_settings, worker_factory):
+    """Stage 2's changelog holds, for the overloaded pool, partials from the future — one kept before
+    event times were bounded (2099, the raw partial as the table once stored it) and one an hour ahead
+    (as the table stores partials now, with a fresh merge time) — when the worker starts and rebuilds its
+    pictures from it. The rebuilt pool follows the real samples: fresh, and shedding."""
+    s = loop_settings
+    bootstrap = s.kafka_bootstrap_servers
+    run(topics.ensure_topics(s, bootstrap))
+    first = worker_factory(s).start()  # creates the changelog as a worker does
+    changelog = changelog_topic(s)
+    wait_for(lambda: changelog in run(topic_names(bootstrap)), 30, message=f"{changelog} to exist")
+    # Stopped right away: a SIGTERM while the landing path resumes its first partitions used to hang the
+    # worker until SIGKILL (the store was closed under the resume, which held and retried forever).
+    first.stop(timeout_s=30)
+    assert first.proc.returncode != -signal.SIGKILL, "the worker ignored SIGTERM"
+
+    now = now_ms()
+    old = PartialBuilder(f"{topics.REQUESTS.name(s)}/1", 15)
+    old.fold_request(RequestEvent(**request_event(pool=POOL, event_time=4_102_000_000_000)))
+    (old_partial,) = old.drain("0-0")
+    ahead = PartialBuilder(f"{topics.REPLICAS.name(s)}/0", 15)
+    ahead.fold_sample(ReplicaSample(**overloaded_sample("hot-r0", now + HOUR_MS, 0)))
+    (ahead_partial,) = ahead.drain("0-0")
+    poison = {POOL.encode() + KEY_SEP + old_partial.id.encode(): old_partial.to_bytes(),
+              POOL.encode() + KEY_SEP + ahead_partial.id.encode(): stored(ahead_partial.to_bytes(), now)}
+    partition = partition_of(POOL.encode(), topics.PARTIALS.partitions(s))
+
+    for key, value in poison.items():
+        run(produce_one(bootstrap, changelog, value, key, partition=partition))
+    worker = worker_factory(s).start()
+
+    async def scenario():
+        async with ShedLoop(s) as loop:
+            await until(lambda: metric(worker, "sluice_partials_refused_total") >= len(poison), 60,
+                        "stage 2 to meet the poisoned partials while rebuilding from its changelog")
+            await loop.shedding()
+            window = await loop.keeps_shedding(now_ms())
+            pictures = await latest_pictures(s, bootstrap)
+            return window, pictures
+
+    window, pictures = run(scenario())
+    watermark = pictures[POOL]["watermark_ms"]
+    assert now_ms() - 10_000 < watermark <= now_ms(), f"{POOL}'s watermark {watermark} follows the real samples"
+    log = worker.log_path.read_text(errors="replace")
+    assert re.search(rf"ignored partial {re.escape(old_partial.id)} of pool {POOL}", log)
+    assert re.search(rf"ignored partial {re.escape(ahead_partial.id)} of pool {POOL}", log)
+    print(f"\npoisoned changelog: both partials from the future ignored on rebuild; {len(window)} signals after, "
+          f"all {sorted({x['state'] for x in window})}; watermark {now_ms() - watermark} ms behind the clock")
