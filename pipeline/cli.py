@@ -93,6 +93,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_otel_bridge(args: argparse.Namespace) -> int:
+    import logging
+
+    from .broker import NoBroker, bootstrap_servers
+    from .otel.bridge import OtelBridge
+    from .topics import ensure_topics
+
+    settings = _settings()
+    level = {"crit": "CRITICAL", "warn": "WARNING"}.get(settings.log_level, settings.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        bridge = OtelBridge(settings, bootstrap_servers(settings))
+        asyncio.run(ensure_topics(settings, bridge.bootstrap))
+    except (NoBroker, SettingsError) as exc:
+        sys.exit(f"sluice otel-bridge: {exc}")
+    asyncio.run(bridge.serve())
+    print(json.dumps(bridge.totals.as_dict()))
+    return 0
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     from .devstack.kafka import bootstrap_servers
     from .sim.producer import produce
@@ -235,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--role", choices=("all", "control", "landing"),
                         help="control path, landing path, or both (default: the role setting, `all`)")
     worker.set_defaults(func=cmd_worker)
+
+    sub.add_parser("otel-bridge", help="OpenTelemetry GenAI spans (OTLP/JSON from the Collector's Kafka exporter, "
+                                       "topic otel_topic) → RequestEvents; docs/integrations.md"
+                   ).set_defaults(func=cmd_otel_bridge)
 
     produce = sub.add_parser("produce", help="replay the Azure trace as RequestEvents and ReplicaSamples")
     produce.add_argument("--trace", help="trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled one")

@@ -171,6 +171,20 @@ class Settings:
         "overlap). Empty: a controller refuses to start unless `dev_signing_key` is on. Never logged."))
     gpu_prices: dict = field(default_factory=dict, metadata=_doc(
         "Hardware → $ per GPU-hour, added to or overriding the built-in price table."))
+    otel_topic: str = field(default="", metadata=_doc(
+        "Kafka topic of OTLP/JSON spans (the OpenTelemetry Collector Kafka exporter's `traces::topic` with "
+        "`encoding: otlp_json`, e.g. `otlp_spans`) that `sluice otel-bridge` turns into RequestEvents; taken as "
+        "written, without `topic_namespace`. Empty: no bridge (docs/integrations.md).",
+        pattern=r"[A-Za-z0-9._-]{0,249}"))
+    otel_group: str = field(default="", metadata=_doc(
+        "Consumer group of `sluice otel-bridge` on `otel_topic`. Empty: `<app_id>-otel`.",
+        pattern=r"[A-Za-z0-9._-]*"))
+    otel_span_kinds: str = field(default="client,server", metadata=_doc(
+        "Span kinds the bridge maps (comma-separated: `client`, `server`, `internal`, `producer`, `consumer`, "
+        "`unspecified`); GenAI spans of other kinds are skipped and counted. Keep one side when both the caller "
+        "and the engine trace the same request into the topic, or each request counts twice.",
+        pattern=r"(unspecified|internal|server|client|producer|consumer)"
+                r"(,(unspecified|internal|server|client|producer|consumer))*"))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

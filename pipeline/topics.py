@@ -76,7 +76,27 @@ ALL = (REQUESTS, REPLICAS, PARTIALS, LOAD, ADMISSION, DEADLETTER)
 
 def topic_configs(settings: Settings) -> dict[str, tuple[int, dict[str, str]]]:
     """name → (partitions, config) for every topic, as created at start-up."""
-    return {spec.name(settings): (spec.partitions(settings), spec.config(settings)) for spec in ALL}
+    configs = {spec.name(settings): (spec.partitions(settings), spec.config(settings)) for spec in ALL}
+    if settings.otel_topic and settings.otel_topic not in configs:
+        configs[settings.otel_topic] = (settings.topic_partitions, otel_topic_config(settings))
+    return configs
+
+
+def otel_topic(settings: Settings) -> str:
+    """The OTLP/JSON spans topic ``sluice otel-bridge`` reads: ``otel_topic`` as written (the Collector's
+    ``traces::topic`` names it, so no namespace prefix); empty when the bridge is off. Created like a raw
+    topic when missing (an existing one is left as it is), so an oversize export is refused at the Collector."""
+    return settings.otel_topic
+
+
+def otel_topic_config(settings: Settings) -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(DAY_MS),
+            "max.message.bytes": str(raw_topic_max_bytes(settings))}
+
+
+def otel_group(settings: Settings) -> str:
+    """Consumer group of the OpenTelemetry bridge: ``otel_group``, else ``<app_id>-otel``."""
+    return settings.otel_group or f"{settings.app_id}-otel"
 
 
 TOPIC_ALREADY_EXISTS = 36
