@@ -421,6 +421,49 @@ def bench_decide(calls: int = 200_000) -> dict:
             "decide_vs_baseline_ratio": round(spent / baseline, 1)}
 
 
+def bench_litellm_hook(settings: Settings, calls: int = 20_000) -> dict:
+    """What the LiteLLM hook adds before a call is sent: verdict, events handed to the emitter and the
+    metadata stash, per call (p50, p99), against ``Decider.decide`` alone in the same run. Kafka is
+    pointed at a closed port: the hook never waits on it, so this is its cost in the call path."""
+    import os
+    from dataclasses import replace as with_fields
+    from types import SimpleNamespace
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        from .integrations.litellm_hook import SluiceAdmission
+    except ImportError:
+        return {"skipped": "litellm is not installed (pip install 'sluice[litellm]')"}
+    from .router import Request
+
+    keys = {"bench": "bench-signing-key-0123"}
+    hook = SluiceAdmission(with_fields(settings, kafka_bootstrap_servers=f"127.0.0.1:{_free_port()}",
+                                       signing_keys=keys, signing_key_id="bench"))
+    key = SimpleNamespace(team_id="team-a", user_id=None)
+    request = Request("bench-pool", "critical", slo_ttft_s=2.0)
+
+    async def run() -> tuple[list[float], float]:
+        spent = []
+        for i in range(calls):
+            data = {"model": "bench-pool", "litellm_call_id": f"call-{i}",
+                    "proxy_server_request": {"headers": {"x-sluice-priority": "critical"}}}
+            started = time.perf_counter()
+            await hook.async_pre_call_hook(key, None, data, "acompletion")
+            spent.append((time.perf_counter() - started) * 1e6)
+            if hook.emitter.queue.full():
+                while not hook.emitter.queue.empty():
+                    hook.emitter.queue.get_nowait()
+        started = time.perf_counter()
+        for _ in range(calls):
+            hook.router.decide(request)
+        return spent, (time.perf_counter() - started) / calls
+
+    spent, decide_only = asyncio.run(run())
+    return {"calls": calls, "hook_us_p50": round(_percentile(spent, 0.5), 1),
+            "hook_us_p99": round(_percentile(spent, 0.99), 1), "decide_only_us": round(decide_only * 1e6, 2),
+            "hook_vs_decide_ratio": round(_percentile(spent, 0.5) / (decide_only * 1e6), 1)}
+
+
 def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path) -> dict:
     """Picture lag and decision latency at a stated rate with a 250 ms tick: events are produced in
     real time, event time = production time."""
@@ -481,7 +524,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
                "landing_under_query": bench_landing_under_query(settings.sink_block_rows, work_dir,
                                                                 settings.store_fsync),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
-               "router_decide": bench_decide()}
+               "router_decide": bench_decide(),
+               "litellm_hook": bench_litellm_hook(settings)}
     if as_json:
         print(json.dumps(figures, indent=2))
     else:

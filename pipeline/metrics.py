@@ -101,6 +101,13 @@ ADMIT_FRACTION = Gauge("sluice_admit_fraction", "Share of new work admitted, by 
 SIGNALS_PUBLISHED = Counter("sluice_admission_signals_published_total", "Signed admission signals published.",
                             ["pool"], registry=REGISTRY)
 
+ROUTER_HOOK_SECONDS = Histogram("sluice_router_hook_seconds",
+                                "Time a gateway hook (LiteLLM) adds to a call before it is sent: verdict and "
+                                "event hand-off.", buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3),
+                                registry=REGISTRY)
+ROUTER_HOOK_ERRORS = Counter("sluice_router_hook_errors_total",
+                             "Errors inside a gateway hook; the call went on without Sluice's verdict.",
+                             registry=REGISTRY)
 ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
                                 "RequestEvents a router's emitter dropped because its buffer was full.",
                                 registry=REGISTRY)

@@ -66,7 +66,8 @@ class RouterClient:
 
 
 class EventEmitter:
-    """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts."""
+    """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts, and so
+    does a batch the broker refuses (the pump goes on)."""
 
     def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500) -> None:
         self.settings = settings
@@ -103,9 +104,17 @@ class EventEmitter:
             events = [await self.queue.get()]
             while len(events) < self.batch and not self.queue.empty():
                 events.append(self.queue.get_nowait())
-            futures = [await self._producer.send(topic, orjson.dumps(e), key=e["task_id"].encode()) for e in events]
-            await asyncio.gather(*futures)
-            self.sent += len(events)
+            try:
+                futures = [await self._producer.send(topic, orjson.dumps(e), key=e["task_id"].encode())
+                           for e in events]
+                await asyncio.gather(*futures)
+                self.sent += len(events)
+            except Exception as exc:  # the broker refused or timed out: count and go on, never stop pumping
+                log.warning("emitter lost %d events: %s", len(events), exc)
+                self.dropped += len(events)
+                from ..metrics import ROUTER_EVENTS_DROPPED
+
+                ROUTER_EVENTS_DROPPED.inc(len(events))
             for _ in events:
                 self.queue.task_done()
 

@@ -1,0 +1,1 @@
+"""Sluice inside gateways people already run (LiteLLM proxy: ``pipeline.integrations.litellm``)."""

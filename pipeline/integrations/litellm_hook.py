@@ -1,0 +1,174 @@
+"""Sluice in a LiteLLM proxy: an admission verdict before each call, RequestEvents after it.
+
+Name the instance in the proxy's config (docs/integrations.md)::
+
+    litellm_settings:
+      callbacks: pipeline.integrations.litellm_hook.sluice_admission
+
+Settings come from the environment (``SLUICE_*``) like every Sluice process.
+The hook answers from memory — the router library's ``Decider`` over the
+signals it follows — and hands events to a buffered emitter, so the call
+path never waits on Kafka. Kafka down: the signal book keeps its last
+signals (fail-static), then the decider falls back to adaptive throttling
+(fail-open); events are buffered, then dropped and counted. An error inside
+Sluice is logged and counted and the call goes on: Sluice never fails a
+user's call by accident, only by a verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from fastapi import HTTPException
+from litellm.integrations.custom_logger import CustomLogger
+
+from .. import metrics
+from ..admission.keyring import keyring
+from ..broker import bootstrap_servers
+from ..load.config import PictureConfigs
+from ..router import Defer, EventEmitter, Redirect, Reject, RouterClient
+from ..settings import Settings, load_settings
+from .litellm_calls import STASH, CallInfo, call_info, completion_events, event, failure_event, verdict_event
+
+log = logging.getLogger(__name__)
+CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
+RECONNECT_MAX_S = 30.0
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+class SluiceAdmission(CustomLogger):
+    def __init__(self, settings: Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or load_settings()
+        self.configs = PictureConfigs(self.settings)
+        bootstrap = bootstrap_servers(self.settings)
+        self.router = RouterClient(self.settings, bootstrap, keyring(self.settings))
+        self.emitter = EventEmitter(self.settings, bootstrap)
+        self._connecting: list[asyncio.Task] = []
+
+    # -- Kafka, in the background -------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Start following signals and publishing events, once, on the proxy's event loop."""
+        if not self._connecting:
+            loop = asyncio.get_running_loop()
+            self._connecting = [loop.create_task(self._keep_trying(start))
+                                for start in (self.router.start, self.emitter.start)]
+
+    @staticmethod
+    async def _keep_trying(start: Any) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await start()
+                return
+            except Exception as exc:  # Kafka down or refusing: decide from memory, buffer events, retry
+                log.warning("sluice: %s failed (%s); retrying in %.0f s", start.__qualname__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_MAX_S, delay * 2)
+
+    def _slo(self, pool: str) -> tuple[float, float]:
+        profile = self.configs.for_pool(pool).profile
+        return profile.slo_ttft_s, profile.slo_tpot_s
+
+    # -- the call path ------------------------------------------------------------------------------
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: str) -> dict:
+        if call_type not in CALL_TYPES:
+            return data
+        started = time.perf_counter()
+        refusal = None
+        try:
+            self._connect()
+            call = call_info(data, getattr(user_api_key_dict, "team_id", None),
+                             getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo)
+            verdict = self.router.decide(call.request())
+            now_ms = int(time.time() * 1000)
+            self.emitter.emit(event(call, "received", now_ms))
+            self.emitter.emit(verdict_event(call, verdict, now_ms))
+            if isinstance(verdict, (Reject, Defer)):
+                refusal = verdict
+            else:
+                if isinstance(verdict, Redirect):  # move: the sibling pool's model group serves the call
+                    data["model"] = verdict.pool
+                    call = replace(call, pool=verdict.pool, model=verdict.pool)
+                    self.emitter.emit(event(call, "received", now_ms))
+                    self.emitter.emit(event(call, "admitted", now_ms))
+                metadata = data.get("metadata")
+                if not isinstance(metadata, dict):
+                    metadata = data["metadata"] = {}
+                metadata[STASH] = call.stash()
+        except Exception:
+            log.exception("sluice: admission hook failed; the call goes on")
+            metrics.ROUTER_HOOK_ERRORS.inc()
+        finally:
+            metrics.ROUTER_HOOK_SECONDS.observe(time.perf_counter() - started)
+        if refusal is not None:
+            reason = "deferred" if isinstance(refusal, Defer) else refusal.reason
+            raise HTTPException(status_code=429, headers={"Retry-After": str(max(1, math.ceil(refusal.retry_after_s)))},
+                                detail={"error": f"shed by Sluice admission control ({reason})",
+                                        "retry_after_s": refusal.retry_after_s})
+        return data
+
+    # -- after the call (LiteLLM's logging hooks, off the response path) ----------------------------
+
+    @staticmethod
+    def _stashed(kwargs: dict) -> CallInfo | None:
+        for metadata in ((kwargs.get("litellm_params") or {}).get("metadata"), kwargs.get("metadata")):
+            if isinstance(metadata, dict) and STASH in metadata:
+                return CallInfo.unstash(metadata[STASH])
+        return None
+
+    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            call = self._stashed(kwargs)
+            if call is None:
+                return
+            self.router.record(True)
+            start, end = _seconds(start_time), _seconds(end_time) or time.time()
+            first = _seconds(kwargs.get("completion_start_time"))
+            for doc in completion_events(call, response_obj, start if start is not None else end, first, end):
+                self.emitter.emit(doc)
+        except Exception:
+            log.exception("sluice: success hook failed")
+            metrics.ROUTER_HOOK_ERRORS.inc()
+
+    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            call = self._stashed(kwargs)
+            if call is None:
+                return
+            self.router.record(False)
+            end = _seconds(end_time) or time.time()
+            start = _seconds(start_time)
+            self.emitter.emit(failure_event(call, kwargs.get("exception"), start if start is not None else end, end))
+        except Exception:
+            log.exception("sluice: failure hook failed")
+            metrics.ROUTER_HOOK_ERRORS.inc()
+
+
+_instance: SluiceAdmission | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``sluice_admission``, the instance a proxy config names, built on first access (from the
+    environment's settings), so importing this module costs no settings or Kafka client."""
+    global _instance
+    if name == "sluice_admission":
+        if _instance is None:
+            _instance = SluiceAdmission()
+        return _instance
+    raise AttributeError(name)

@@ -1,0 +1,87 @@
+"""The LiteLLM hook itself, without a proxy: verdicts become HTTP answers, Kafka down costs nothing, and
+an error inside Sluice never fails the call."""
+
+import asyncio
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.admission.signing import sign
+from pipeline.settings import load_settings
+from tests.conftest import free_port
+from tests.unit.test_signing import example_signal
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet on import
+pytest.importorskip("litellm")
+from fastapi import HTTPException  # noqa: E402
+
+from pipeline.integrations.litellm_hook import SluiceAdmission  # noqa: E402
+
+KEYS = {"k": "litellm-hook-test-secret-0123"}
+KEY = SimpleNamespace(team_id="team-a", user_id="u1")
+
+
+def hook() -> SluiceAdmission:
+    """Pointed at a closed port: Kafka is down for the whole test."""
+    settings = load_settings(env={}, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", signing_keys=KEYS,
+                             signing_key_id="k")
+    return SluiceAdmission(settings)
+
+
+def publish(h: SluiceAdmission, **fields) -> None:
+    now = int(time.time() * 1000)
+    signal = example_signal() | {"pool": "hot", "seq": now, "issued_at": now, "valid_until": now + 6000,
+                                 "max_predicted_wait_s": 0.0, "redirect": [],
+                                 "defer": {"classes": ["deferrable"], "retry_after_s": 42.0}}
+    shed = {"critical": 1.0, "standard": 1.0, "sheddable": 0.0, "deferrable": 0.0}
+    signal["admit_fraction"] = signal["continuing_task_admit_fraction"] = shed
+    signal.update(fields)
+    assert h.router.book.offer(sign(signal, "k", KEYS["k"].encode())), h.router.book.refused
+
+
+def data(priority: str) -> dict:
+    return {"model": "hot", "litellm_call_id": f"call-{priority}", "messages": [],
+            "proxy_server_request": {"headers": {"x-sluice-priority": priority}}}
+
+
+def pre_call(h: SluiceAdmission, priority: str):
+    return asyncio.run(h.async_pre_call_hook(KEY, None, data(priority), "acompletion"))
+
+
+def test_shed_and_deferred_calls_get_429_with_their_retry_after_and_critical_passes():
+    h = hook()
+    publish(h)
+    with pytest.raises(HTTPException) as shed:
+        pre_call(h, "sheddable")
+    assert shed.value.status_code == 429 and int(shed.value.headers["Retry-After"]) >= 1
+    with pytest.raises(HTTPException) as deferred:
+        pre_call(h, "deferrable")
+    assert deferred.value.status_code == 429 and deferred.value.headers["Retry-After"] == "42"
+    admitted = pre_call(h, "critical")
+    assert admitted["metadata"]["sluice_call"]["priority"] == "critical"
+    phases = [e["phase"] for e in list(h.emitter.queue._queue)]
+    assert phases == ["received", "rejected", "received", "deferred", "received", "admitted"]
+
+
+def test_a_redirect_switches_the_model_group():
+    h = hook()
+    publish(h, redirect=[{"pool": "cool", "weight": 1.0, "cold_prefill_cost_s": 0.1}])
+    assert pre_call(h, "sheddable")["model"] == "cool"
+
+
+def test_without_kafka_or_a_signal_every_call_goes_through_and_fast():
+    h = hook()
+    started = time.perf_counter()
+    for priority in ("sheddable", "critical", "deferrable"):
+        assert pre_call(h, priority)["model"] == "hot"
+    assert time.perf_counter() - started < 5
+
+
+def test_an_error_inside_sluice_never_fails_the_call(monkeypatch):
+    h = hook()
+    monkeypatch.setattr(h.router, "decide", lambda request: 1 / 0)
+    assert pre_call(h, "sheddable")["model"] == "hot"
+    asyncio.run(h.async_log_success_event({"litellm_params": {"metadata": {"sluice_call": {"bad": 1}}}},
+                                          None, None, None))
