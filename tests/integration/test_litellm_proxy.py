@@ -61,6 +61,12 @@ def proxy(proxy_settings, tmp_path):
       model: openai/{POOL}-model
       api_key: sk-unused
       mock_response: "Hello from the mock backend"
+  - model_name: {POOL}-broken
+    litellm_params:
+      model: openai/{POOL}-model
+      api_key: sk-unused
+      api_base: http://127.0.0.1:9/v1
+      num_retries: 0
 litellm_settings:
   callbacks: pipeline.integrations.litellm_hook.sluice_admission
 """)
@@ -110,6 +116,9 @@ def test_the_proxy_sheds_sheddable_calls_with_429_passes_critical_and_its_events
     worker = worker_factory(s).start()
     calm = [call(proxy, "sheddable", f"calm-{i}") for i in range(5)]
     assert calm == [(200, None)] * 5, "no signal yet: the hook admits (fail-open)"
+    with pytest.raises(openai.APIStatusError):  # a backend that refuses connections: the call fails, as it would
+        proxy.chat.completions.create(model=f"{POOL}-broken", messages=[{"role": "user", "content": "hi"}],
+                                      extra_headers={"x-sluice-task-id": "broken-0"})
 
     async def overload_until_shed():
         producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers)
@@ -151,7 +160,7 @@ def test_the_proxy_sheds_sheddable_calls_with_429_passes_critical_and_its_events
     store = open_store(s)
     try:
         rows = store.query("SELECT task_id, phase, priority, tenant, model, error_type, input_tokens, output_tokens, "
-                           "ttft_s FROM request_events WHERE pool = 'hot'")
+                           "ttft_s FROM request_events WHERE pool IN ('hot', 'hot-broken')")
     finally:
         store.close()
     by_task: dict[str, dict[str, dict]] = {}
@@ -165,3 +174,5 @@ def test_the_proxy_sheds_sheddable_calls_with_429_passes_critical_and_its_events
     shed = [t for t in by_task.values() if "rejected" in t]
     assert len(shed) >= 9 and all(t["rejected"]["error_type"] in ("sluice_shed", "sluice_predicted_wait") for t in shed)
     assert all(set(by_task[f"critical-{i}"]) >= {"admitted", "completed"} for i in range(10))
+    failed = by_task["broken-0"]["failed"]
+    assert failed["error_type"] and failed["output_tokens"] == 0, failed
