@@ -22,8 +22,11 @@ REQUEST_COUNTS = (
     "task_failures",     # a terminal, task_final attempt that did not complete
     "input_tokens", "output_tokens", "cached_input_tokens",   # from completed and failed attempts
     "ttft_slo_misses",   # completed attempts whose TTFT exceeded their SLO
-    # first attempts per priority class: the offered new work the policy's feed-forward sheds against
+    # first attempts per priority class, and every attempt (retries included) per class: the offered
+    # work the policy's feed-forward sheds against
     "first_critical", "first_standard", "first_sheddable", "first_deferrable",
+    "received_critical", "received_standard", "received_sheddable", "received_deferrable",
+    "timeouts",          # attempts the client gave up on before a first token (censored TTFTs)
 )
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
@@ -50,6 +53,7 @@ class RequestAgg:
         phase = e.phase
         if phase == "received":
             c["received"] += 1
+            c["received_" + e.priority] += 1
             if e.attempt == 1:
                 c["first_attempts"] += 1
                 c["first_" + e.priority] += 1
@@ -57,14 +61,20 @@ class RequestAgg:
                 c["retries"] += 1
         elif phase == "first_token":
             c["first_tokens"] += 1
+            if e.ttft_s is not None:
+                self._sketch("ttft_first").add(e.ttft_s)
         elif phase in ("admitted", "deferred", "redirected", "cancelled"):
             c[phase] += 1
+            if phase == "cancelled":
+                self._censored(e)
         elif phase == "rejected":
             c["rejected"] += 1
             if e.task_final:
                 c["task_failures"] += 1
         elif phase in ("completed", "failed"):
             c[phase] += 1
+            if phase == "failed":
+                self._censored(e)
             c["input_tokens"] += e.input_tokens or 0
             c["output_tokens"] += e.output_tokens or 0
             c["cached_input_tokens"] += e.cached_input_tokens or 0
@@ -82,12 +92,24 @@ class RequestAgg:
             elif e.task_final:
                 c["task_failures"] += 1
 
+    def _censored(self, e: RequestEvent) -> None:
+        """An attempt that ended without a first token after ``duration_s`` (a client timeout): its TTFT
+        was at least that, so it counts in the TTFT sketches at its duration — without it, the attempts
+        that time out, the worst ones, would never reach the latency axis."""
+        if e.ttft_s is None and e.duration_s and (e.error_type or "").lower() in ("timeout", "timeouterror"):
+            self.counts["timeouts"] += 1
+            for name in ("ttft", "ttft_first"):
+                self._sketch(name).add(e.duration_s)
+
     def merge(self, other: "RequestAgg") -> None:
+        self.merge_counts(other)
+        for name, sketch in other.sketches.items():
+            self._sketch(name).merge(sketch)
+
+    def merge_counts(self, other: "RequestAgg") -> None:
         c = self.counts
         for name, value in other.counts.items():
             c[name] += value
-        for name, sketch in other.sketches.items():
-            self._sketch(name).merge(sketch)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: v for k, v in self.counts.items() if v}

@@ -112,19 +112,25 @@ def demand_axis(r: Readings) -> Axis:
         # a deferred request asks again with the same attempt number: net it out
         "first_attempts_rps": {k: max(0, c["first_" + k] - (c["deferred"] if k == "deferrable" else 0)) / fast
                                for k in PRIORITIES},
+        # every attempt, retries of shed work included: what the admitted rate is made of
+        "offered_rps": {k: max(0, c["received_" + k] - (c["deferred"] if k == "deferrable" else 0)) / fast
+                        for k in PRIORITIES},
         "input_tokens_per_s": c["input_tokens"] / fast,
         "output_tokens_per_s": c["output_tokens"] / fast})
 
 
 def queue_axis(r: Readings) -> Axis:
-    """Predicted wait: what the engines hold ÷ how fast the pool completes, or the measured p95 if larger."""
+    """Predicted wait: what the engines hold now ÷ how fast the pool completes. The p95 of the queue time
+    completed requests report is the fallback when no replica is sampled: it lags the real queue by the
+    requests' duration (10–15 s under load), which is too late to act on."""
     p = r.profile
-    waiting = sum(r.samples[i].requests_waiting for i in r.replicas.fresh + r.replicas.unhealthy)
+    sampled = r.replicas.fresh + r.replicas.unhealthy
+    waiting = sum(r.samples[i].requests_waiting for i in sampled)
     drain_rps = r.requests.counts["completed"] / r.fast_s
     predicted_wait = (waiting / drain_rps if drain_rps else (None if not waiting else float("inf")))
     sketch = r.requests.sketches.get("queue")
     queue_p95 = sketch.quantile(0.95) if sketch else None
-    value = max((v for v in (predicted_wait, queue_p95) if v is not None), default=None)
+    value = predicted_wait if sampled else queue_p95
     return Axis.of(value, p.queue_wait_fraction * p.slo_ttft_s, "s", {
         "requests_waiting": waiting, "drain_rps": drain_rps, "predicted_wait_s": predicted_wait,
         "queue_p95_s": queue_p95})
@@ -153,10 +159,16 @@ def compute_axis(r: Readings) -> Axis:
 
 
 def latency_axis(r: Readings) -> Axis:
-    """The worse of p95 TTFT and p95 TPOT, each as a multiple of its SLO."""
+    """The worse of p95 TTFT and p95 TPOT, each as a multiple of its SLO.
+
+    TTFT comes from first-token events where the router sends them (a first token is news a whole
+    generation earlier than its completion), else from completions; attempts that timed out before a
+    first token count at their duration (censored) in both."""
     p = r.profile
     q = quantiles(r.requests)
-    ttft_p95, tpot_p95 = q["ttft"]["p95"], q["tpot"]["p95"]
+    first = r.requests.sketches.get("ttft_first")
+    ttft_p95 = first.quantile(0.95) if first is not None and r.requests.counts["first_tokens"] else q["ttft"]["p95"]
+    tpot_p95 = q["tpot"]["p95"]
     ttft_ratio = ttft_p95 / p.slo_ttft_s if ttft_p95 is not None else None
     tpot_ratio = tpot_p95 / p.slo_tpot_s if tpot_p95 is not None else None
     value = max((v for v in (ttft_ratio, tpot_ratio) if v is not None), default=None)

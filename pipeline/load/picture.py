@@ -156,21 +156,23 @@ class PoolState:
         end = self.watermark_ms // 1000
         return range(end - seconds, end)
 
-    def _requests_in(self, seconds: int) -> RequestAgg:
+    def _requests_in(self, seconds: int, sketches: bool = True) -> RequestAgg:
+        """The window's request aggregates added up; without ``sketches``, the counts only (the cost
+        window spans minutes: merging its latency sketches every tick was most of a picture's cost)."""
         total = RequestAgg()
         for second in self._window(seconds):
             agg = self.requests.get(second)
             if agg is not None:
-                total.merge(agg)
+                total.merge(agg) if sketches else total.merge_counts(agg)
         return total
 
-    def _replica_sums(self, replica: ReplicaAgg, seconds: int) -> dict[str, float]:
-        sums = dict.fromkeys(REPLICA_SUMS, 0.0)
+    def _replica_sums(self, replica: ReplicaAgg, seconds: int, names: tuple[str, ...] = REPLICA_SUMS) -> dict[str, float]:
+        sums = dict.fromkeys(names, 0.0)
         for second in self._window(seconds):
             deltas = replica.seconds.get(second)
             if deltas:
-                for name, value in deltas.items():
-                    sums[name] += value
+                for name in names:
+                    sums[name] += deltas.get(name, 0.0)
         return sums
 
     def _replica_classes(self, config: PictureConfig) -> Replicas:
@@ -196,11 +198,11 @@ class PoolState:
         fast, slow = config.fast_window_s, config.cost_window_s
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
-            requests=self._requests_in(fast), cost_requests=self._requests_in(slow),
+            requests=self._requests_in(fast), cost_requests=self._requests_in(slow, sketches=False),
             replicas=self._replica_classes(config),
             samples={r: a.latest for r, a in self.replicas.items() if a.latest is not None},
             sums={r: self._replica_sums(a, fast) for r, a in self.replicas.items()},
-            cost_sums={r: self._replica_sums(a, slow) for r, a in self.replicas.items()})
+            cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()})
 
     def picture(self, config: PictureConfig) -> "LoadPicture":
         """The pool's picture now: every axis in ``AXIS_FUNCTIONS``, with the rates and latencies beside them."""
@@ -424,7 +426,7 @@ def _axis(axis: Any, name: str) -> None:
         if key not in detail:
             raise ValueError(f"{where}.detail has no {key}")
     for key, value in detail.items():
-        if name == "demand" and key == "first_attempts_rps":
+        if name == "demand" and key in ("first_attempts_rps", "offered_rps"):
             _object(value, f"{where}.detail.{key}")
             for priority, rate in value.items():
                 _number(rate, f"{where}.detail.{key}.{_name(priority)}")

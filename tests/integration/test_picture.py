@@ -31,7 +31,11 @@ def offline(events, pool):
     end = watermark // 1000
     window = [e for e in mine if end - FAST <= e["event_time"] // 1000 < end and "phase" in e]
     finished = [e for e in window if e["phase"] in ("completed", "failed")]
-    ttft = sorted(e["ttft_s"] for e in window if e["phase"] == "completed" and "ttft_s" in e)
+    ttft = sorted([e["ttft_s"] for e in window if e["phase"] == "completed" and "ttft_s" in e]
+                  # attempts that timed out before a first token count at their duration (censored)
+                  + [e["duration_s"] for e in window if e["phase"] in ("failed", "cancelled")
+                     and e.get("ttft_s") is None and e.get("duration_s")
+                     and (e.get("error_type") or "").lower() in ("timeout", "timeouterror")])
     quantile = {q: ttft[math.floor(v * (len(ttft) - 1))] for q, v in (("p50", .5), ("p95", .95), ("p99", .99))}
     return {"watermark_ms": watermark,
             "arrival_rps": sum(e["phase"] == "received" for e in window) / FAST,
