@@ -11,10 +11,12 @@ critical: class i admits ``clamp(1 − (L − i), 0, 1)``. So a class starts
 shedding only once every class before it admits nothing, and critical is
 never shed while a lower class is still admitted. L has two parts:
 
-- a **feed-forward** level: the smallest L at which the offered new work
-  (first attempts per class, from the demand axis) fits
-  ``feed_forward_utilisation`` × the pool's admitted capacity — so a spike
-  is met within one window, not after an integrator has wound up;
+- a **feed-forward** level: the smallest L at which the offered work (every
+  attempt per class, retries of shed work included, from the demand axis)
+  fits ``feed_forward_utilisation`` × the pool's admitted capacity — so a
+  spike is met within one window, not after an integrator has wound up, and
+  shed work that comes back is budgeted like new work instead of riding on
+  top of the admitted rate;
 - a **proportional** part, ``proportional`` × (pressure − ``target_pressure``)
   while pressure is above target: immediate, and gone when pressure falls;
 - a **trim** that integrates the admission pressure above
@@ -23,9 +25,17 @@ never shed while a lower class is still admitted. L has two parts:
   capacity figures miss (a KV cache that binds first, a slower replica).
   The pictures it reads average over ``fast_window_s``; a faster trim
   overshoots that lag and oscillates (measured in the fleet simulator).
+  It integrates up only while the fleet is busy (``windup_utilisation``: the
+  admitted rate, KV cache or compute at that share of its limit): pressure
+  that admitted work is not causing — a lagging latency axis, a replica
+  just lost — would otherwise wind the level up while the fleet sits idle.
 
 The level itself moves at most ``level_step_up`` / ``level_step_down`` per
-tick. Tasks already under way shed ``continuing_credit`` levels later.
+tick, and turns back (shed less after shedding more, or the reverse) only by
+more than ``reversal_deadband``: the proportional part passes a picture's
+noise straight through, and a level that saws by a few hundredths every tick
+admits, sheds and admits the same work again (docs/admission-signal.md,
+flapping). Tasks already under way shed ``continuing_credit`` levels later.
 
 A **stale** picture (no new event for ``stale_after_s``) keeps the last
 decision for ``stale_hold_s`` (fail-static), then relaxes L toward zero in
@@ -57,9 +67,11 @@ class AdmissionConfig:
     step_down: float = 0.05       # per tick
     feed_forward: bool = True     # shed the offered excess at once (see the module docstring)
     feed_forward_utilisation: float = 0.85  # share of admitted capacity the feed-forward fills (headroom for bursts)
+    windup_utilisation: float = 0.5  # the trim integrates up only while the fleet is at least this busy
     proportional: float = 1.0     # shed levels per unit of pressure above target, at once (no memory)
     level_step_up: float = 0.5    # the shed level moves at most this much per tick up ...
     level_step_down: float = 0.1  # ... and this much down: bounded steps, no cliffs either way
+    reversal_deadband: float = 0.1  # the level turns back only by more than this (no sawing on noise)
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
@@ -77,6 +89,11 @@ class AdmissionConfig:
     # driving on it sheds critical work after every crash and then oscillates. Errors tighten the routers'
     # retry budget instead, and the cascade alert watches them.
     axes: tuple[str, ...] = ("demand", "queue", "kv_cache", "compute", "latency")
+    # Axes the proportional part answers at once: the leading ones, read from what the fleet holds now.
+    # Latency is an outcome — first tokens of work admitted seconds ago — so a proportional answer to it
+    # sheds after the cause is gone and releases into the next burst (measured: prefill-bound pools saw
+    # 40 s oscillations); it drives the state and the slow trim instead.
+    proportional_axes: tuple[str, ...] = ("demand", "queue", "kv_cache", "compute")
 
 
 def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
@@ -109,6 +126,7 @@ class Decision:
     last_fresh_ms: int = 0  # wall time the picture last advanced
     watermark_ms: int = 0
     stale_since_ms: int | None = None
+    direction: int = 0      # the level's last move: +1 shedding more, -1 less, 0 none yet
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -156,10 +174,21 @@ def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> floa
     return out
 
 
+def busy(picture: Mapping[str, Any]) -> float:
+    """How busy the fleet is with what was admitted: the admitted rate, KV cache or compute, whichever is
+    nearest its limit."""
+    axes = picture["axes"]
+    demand = axes["demand"]
+    admitted = (demand.get("detail") or {}).get("admitted_rps")
+    admitted_pressure = pressure(admitted, demand["limit"]) if admitted is not None else float(demand["pressure"])
+    return max(admitted_pressure, float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
+
+
 def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
-    """The smallest shed level at which the offered first attempts fit the admitted capacity."""
+    """The smallest shed level at which the offered attempts fit the admitted capacity."""
     demand = picture["axes"]["demand"]
-    offered = (demand.get("detail") or {}).get("first_attempts_rps")
+    detail = demand.get("detail") or {}
+    offered = detail.get("offered_rps") or detail.get("first_attempts_rps")  # older pictures: first attempts
     if not offered:
         return 0.0
     top = len(SHED_ORDER) - cfg.critical_floor
@@ -223,16 +252,22 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         since = previous.state_since_ms if state == previous.state else now_ms
         top = len(SHED_ORDER) - cfg.critical_floor
         trim = previous.trim
-        if pressure > cfg.target_pressure:
+        if pressure > cfg.target_pressure and busy(picture) >= cfg.windup_utilisation:
             trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
-        elif pressure < cfg.recover_pressure:
+        elif pressure < cfg.recover_pressure or busy(picture) < cfg.windup_utilisation:
             trim -= cfg.step_down
         forward = feed_forward_level(picture, cfg) if cfg.feed_forward else 0.0
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
-        now_term = cfg.proportional * max(0.0, pressure - cfg.target_pressure)
-        level = min(max(forward + trim + now_term, 0.0), top)
-        level = min(max(level, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
-
+        leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
+        now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
+        desired = min(max(forward + trim + now_term, 0.0), top)
+        turn = desired - previous.shed_level
+        if turn * previous.direction < 0 and abs(turn) <= cfg.reversal_deadband and 0 < desired < top:
+            desired = previous.shed_level   # turning back by less than the deadband is noise: hold
+        level = min(max(desired, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
+    direction = previous.direction
+    if level != previous.shed_level:
+        direction = 1 if level > previous.shed_level else -1
     admit = class_fractions(level, cfg.critical_floor)
     continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
     continuing = {c: max(continuing[c], admit[c]) for c in PRIORITIES}
@@ -275,7 +310,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
-                    stale_since_ms=stale_since, signal=signal)
+                    stale_since_ms=stale_since, direction=direction, signal=signal)
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can

@@ -52,8 +52,14 @@ class Decider:
         if self.rng.random() < fractions[request.priority]:
             return ADMIT
         if request.priority in signal["defer"]["classes"]:
-            return Defer(signal["defer"]["retry_after_s"])
+            return Defer(self._spread(signal["defer"]["retry_after_s"]))
         return self._elsewhere(signal, slo, "shed")
+
+    def _spread(self, retry_after_s: float) -> float:
+        """Each refusal's retry-after drawn from 0.5–1.5× the signal's: clients that honour it to the
+        second would otherwise bring all work shed in one tick back in one wave, which the policy sheds
+        again — a loop with the retry-after as its period."""
+        return max(1.0, retry_after_s * self.rng.uniform(0.5, 1.5))
 
     def _elsewhere(self, signal: dict, slo: float | None, reason: str) -> Verdict:
         """Move the work if a sibling has headroom and its cold prefill still fits the SLO; else reject."""
@@ -65,7 +71,7 @@ class Decider:
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             return Redirect(options[min(pick, len(options) - 1)]["pool"])
-        return Reject(max(1.0, signal["defer"]["retry_after_s"]), reason)
+        return Reject(self._spread(signal["defer"]["retry_after_s"]), reason)
 
     def _throttle(self, now: float) -> Verdict:
         p_reject = self.throttle.reject_probability(now)

@@ -58,7 +58,8 @@ def test_shed_and_deferred_calls_get_429_with_their_retry_after_and_critical_pas
     assert shed.value.status_code == 429 and int(shed.value.headers["Retry-After"]) >= 1
     with pytest.raises(HTTPException) as deferred:
         pre_call(h, "deferrable")
-    assert deferred.value.status_code == 429 and deferred.value.headers["Retry-After"] == "42"
+    assert deferred.value.status_code == 429 and 21 <= int(deferred.value.headers["Retry-After"]) <= 63, \
+        "the deferral's retry-after, spread 0.5–1.5× so deferred work does not return in one wave"
     admitted = pre_call(h, "critical")
     assert admitted["metadata"]["sluice_call"]["priority"] == "critical"
     phases = [e["phase"] for e in list(h.emitter.queue._queue)]

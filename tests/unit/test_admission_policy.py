@@ -231,3 +231,37 @@ def test_a_move_of_the_predicted_wait_is_published_at_once_and_its_jitter_waits_
     quiet = decide(picture(waiting=0), Decision("p"), CFG, TICK)
     assert not changed(quiet, decide(picture(watermark=2 * TICK, waiting=5, drain=100.0), quiet, CFG, 2 * TICK))
     assert changed(quiet, decide(picture(watermark=2 * TICK, waiting=2, drain=10.0), quiet, CFG, 2 * TICK))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 0.05), st.floats(0.95, 1.6))
+def test_admit_fractions_do_not_saw_under_noisy_steady_load(seed, noise, level):
+    """Routers feel flapping as reversals of the fractions they act on: picture noise up to ±5% of the
+    pressure (consecutive pictures share most of their window) never turns the fractions back."""
+    import random
+
+    from pipeline.admission.flapping import reversals
+
+    rng = random.Random(seed)
+    decisions = run([{"kv_cache": level + rng.uniform(-noise, noise), "demand": 0.9} for _ in range(480)])
+    assert reversals(d.signal["admit_fraction"] for d in decisions) == 0
+
+
+def test_a_real_turn_passes_the_deadband():
+    decisions = run([{"kv_cache": 1.4}] * 40 + [{"kv_cache": 0.5}] * 40)
+    levels = [d.shed_level for d in decisions]
+    assert max(levels) > 0 and levels[-1] < max(levels) - 1, "relief after overload is not held as noise"
+
+
+def test_reversals_count_direction_changes_of_each_class():
+    from pipeline.admission.flapping import reversals
+
+    series = [{"s": 1.0}, {"s": 0.5}, {"s": 0.505}, {"s": 0.8}, {"s": 0.2}, {"s": 0.2}]
+    assert reversals(series) == 2
+
+
+def test_a_small_steady_relief_is_not_held_forever_by_the_deadband():
+    """The deadband judges where the level wants to go, not one bounded step: a step down is never larger
+    than level_step_down, so judging steps would hold a level that wants to fall slowly for ever."""
+    decisions = run([{"kv_cache": 1.15}] * 20 + [{"kv_cache": 0.3}] * 200)
+    assert decisions[19].shed_level > 0 and decisions[-1].shed_level == 0

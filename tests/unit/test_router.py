@@ -86,14 +86,31 @@ def test_defer_redirect_and_early_rejection():
     s["defer"] = {"classes": ["deferrable"], "retry_after_s": 12.0}
     s["redirect"] = [{"pool": "q", "weight": 1.0, "cold_prefill_cost_s": 0.4}]
     decider = Decider(book, seed=1, clock=Clock(1_000.0))
-    assert decider.decide(Request("p", "deferrable")) == Defer(12.0)
+    deferred = decider.decide(Request("p", "deferrable"))
+    assert isinstance(deferred, Defer) and 6.0 <= deferred.retry_after_s <= 18.0
     assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)) == Redirect("q")
-    assert decider.decide(Request("p", "standard", slo_ttft_s=0.3)) == Reject(12.0, "shed"), "a cold move would miss the SLO"
+    shed = decider.decide(Request("p", "standard", slo_ttft_s=0.3))
+    assert isinstance(shed, Reject) and shed.reason == "shed", "a cold move would miss the SLO"
     s["max_predicted_wait_s"] = 3.0
     s["redirect"] = []
     s["admit_fraction"]["standard"] = 1.0
-    assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)) == Reject(12.0, "predicted_wait")
+    assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)).reason == "predicted_wait"
     assert decider.decide(Request("p", "critical", slo_ttft_s=1.0)) == ADMIT, "critical: only its admit fraction"
+
+
+def test_retry_afters_are_spread_so_shed_work_never_returns_in_one_wave():
+    message, _ = signed()
+    book = book_with(message)
+    s = book.signals["p"]
+    s["admit_fraction"] = {"critical": 1.0, "standard": 1.0, "sheddable": 0.0, "deferrable": 0.0}
+    s["defer"] = {"classes": ["deferrable"], "retry_after_s": 10.0}
+    s["redirect"] = []
+    decider = Decider(book, seed=3, clock=Clock(1_000.0))
+    afters = [decider.decide(Request("p", c)).retry_after_s for c in ("sheddable", "deferrable") * 500]
+    assert 5.0 <= min(afters) and max(afters) <= 15.0
+    assert abs(sum(afters) / len(afters) - 10.0) < 0.5, "the mean is the signal's"
+    in_one_second = max(sum(1 for a in afters if lo <= a < lo + 1) for lo in range(5, 15))
+    assert in_one_second < 0.15 * len(afters), "no second takes the bulk of the returning work"
 
 
 def test_local_retry_budget():
