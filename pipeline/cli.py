@@ -217,12 +217,24 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from .query_client import render
     from .sim.scenarios import SCENARIOS, Fleet, compare, slo_capacity
 
+    from .sim.scenarios import compare_seeds
+
     fleet = Fleet(replicas=args.replicas, duration_s=args.seconds, seed=args.seed, arrivals=args.arrivals,
                   burstiness=args.burstiness)
     names = tuple(args.scenario or SCENARIOS)
-    capacity = slo_capacity(fleet, fleet.replicas)
-    rows = compare(names, fleet, _settings(), Path(args.charts) if args.charts else None)
-    if args.format == "table":
+    if args.seeds:
+        first, _, last = args.seeds.partition("-")
+        rows = compare_seeds(names, fleet, range(int(first), int(last or first) + 1), _settings())
+    else:
+        rows = compare(names, fleet, _settings(), Path(args.charts) if args.charts else None)
+    if args.goals:
+        from .sim.goals import check
+
+        checked = check(rows)
+        print(render(checked, args.format))
+        return 1 if any(line["failed"] for line in checked) else 0
+    if args.format == "table" and not args.seeds:
+        capacity = slo_capacity(fleet, fleet.replicas)
         print(f"SLO capacity of {fleet.replicas} replicas: {capacity.tasks_per_s:.1f} tasks/s "
               f"({capacity.slo_goodput:.1f} SLO-successful tasks/s)")
     print(render(rows, args.format))
@@ -320,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seconds", type=float, default=300.0, help="scenario length, simulated seconds")
     sim.add_argument("--replicas", type=int, default=10)
     sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--seeds", help="a range of seeds, e.g. 1-5: every scenario under each, in parallel processes")
+    sim.add_argument("--goals", action="store_true",
+                     help="print Sluice's ratios and the goals each (scenario, seed) misses; exit 1 if any")
     sim.add_argument("--arrivals", choices=("trace", "gamma"), default="trace",
                      help="the Azure trace time-scaled, or gamma-distributed gaps")
     sim.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, < 1 burstier)")

@@ -57,10 +57,12 @@ class FixedThreshold(NoControl):
     def __init__(self, queue: int = 5, kv: float = 0.8, scrape_s: float = 1.0) -> None:
         self.queue, self.kv, self.scrape_s = queue, kv, scrape_s
         self.saturated = False
+        self.saturated_pools: set[str] = set()
         self._next_scrape = 0.0
+        self.history: list[tuple[float, str, dict]] = []   # (time, state, admit fractions), as Sluice's
 
     def verdict(self, request: Request, now_s: float) -> Verdict:
-        if self.saturated and request.priority in ("sheddable", "deferrable"):
+        if request.pool in self.saturated_pools and request.priority in ("sheddable", "deferrable"):
             return Reject(1.0, "saturated")
         return ADMIT
 
@@ -68,9 +70,14 @@ class FixedThreshold(NoControl):
         if now_s < self._next_scrape:
             return
         self._next_scrape = now_s + self.scrape_s
-        saturated = any(r.waiting_count > self.queue or r.kv_usage() > self.kv for r in fleet.replicas if r.alive)
+        self.saturated_pools = {fleet.pool_of[r.id] for r in fleet.replicas
+                                if r.alive and (r.waiting_count > self.queue or r.kv_usage() > self.kv)}
+        saturated = fleet.pool in self.saturated_pools   # the scenario's pool: its flips are what is counted
         self.state_changes += saturated != self.saturated
         self.saturated = saturated
+        shed = 0.0 if saturated else 1.0
+        self.history.append((now_s, "saturated" if saturated else "ok",
+                             {"critical": 1.0, "standard": 1.0, "sheddable": shed, "deferrable": shed}))
 
 
 class SluiceInProcess(NoControl):

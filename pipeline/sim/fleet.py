@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from ..router import Defer, Redirect, Reject, Request, Verdict
+from ..router import ADMIT, Defer, Redirect, Reject, Request, Verdict
 from .arrivals import Arrival
 from .replay import TENANTS, pick_priority
 from .replica import Hardware, Replica, Sequence
@@ -42,6 +42,12 @@ class ClientPolicy:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 20.0
     think_time_s: float = 1.0
+    # Shed work (a rejection by admission): None — retried like a failure, after the larger of its
+    # retry-after and the backoff, within ``max_attempts``; a number — the client honours the
+    # retry-after exactly (times 1 ± ``retry_after_jitter``) and retries shed work up to that many
+    # times, besides its attempts for failures (what well-behaved SDKs do with a 429)
+    shed_retries: int | None = None
+    retry_after_jitter: float = 0.0
     slo_ttft_s: tuple[tuple[str, float], ...] = (("critical", 2.0), ("standard", 2.0), ("sheddable", 2.0),
                                                   ("deferrable", 120.0))
 
@@ -59,6 +65,16 @@ class FleetEvent:
     at_s: float
     count: int
     back_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A second pool serving the same model, with its own replicas and traffic: where a *move* (redirect)
+    sends work, at the cost of a cold prefix cache."""
+
+    pool: str
+    replicas: int
+    arrivals: Iterable[Arrival] = ()
 
 
 class Controller(Protocol):
@@ -89,6 +105,8 @@ class Task:
     slo_met: bool = True                   # every completed step met its TTFT objective
     waiting_verdict: bool = False          # deferred, waiting to ask again
     last_shed: bool = False                # the previous attempt was rejected by admission
+    shed: int = 0                          # attempts of the current step rejected by admission
+    pool: str = ""                         # the pool the task was sent to
 
 
 @dataclass
@@ -98,8 +116,10 @@ class Attempt:
     request_id: str
     sent_s: float
     replica: Replica
+    pool: str = ""                         # where it runs (a redirect moves it to a sibling pool)
     seq: Sequence | None = None
     first_token_s: float | None = None
+    scheduled_s: float | None = None       # when the replica first took it into a batch (queue_s)
     done: bool = False
 
 
@@ -116,6 +136,7 @@ class Stats:
     decisions: int = 0
     admitted: int = 0
     published: int = 0               # events handed to ``emit``
+    arrival_tokens_per_s: float = 0.0  # tokens/s the replicas processed while tasks arrived (after warm-up)
     timeline: dict[int, dict[str, float]] = field(default_factory=dict)  # per second
 
 
@@ -125,9 +146,9 @@ class FleetSim:
                  start_ms: int = 1_750_000_000_000, duration_s: float = 300.0, drain_s: float = 120.0,
                  fleet_events: tuple[FleetEvent, ...] = (), long_context_from_s: float | None = None,
                  long_context_factor: float = 4.0, sample_interval_s: float = 1.0, tick_s: float = 0.5,
-                 emit: Callable[[str, dict], None] | None = None) -> None:
+                 emit: Callable[[str, dict], None] | None = None, siblings: tuple[Sibling, ...] = ()) -> None:
         self.pool = pool
-        self.model = f"model-{pool}"
+        self.model = f"model-{pool}"   # siblings serve the same model
         self.hw = hardware
         self.controller = controller
         self.client = client
@@ -137,6 +158,11 @@ class FleetSim:
         self.duration_s = duration_s
         self.end_s = duration_s + drain_s
         self.replicas = [Replica(f"{pool}-r{i:02d}", hardware) for i in range(replicas)]
+        self.pool_of = {r.id: pool for r in self.replicas}
+        for sibling in siblings:
+            extra = [Replica(f"{sibling.pool}-r{i:02d}", hardware) for i in range(sibling.replicas)]
+            self.replicas += extra
+            self.pool_of.update({r.id: sibling.pool for r in extra})
         self.sample_interval_s = sample_interval_s
         self.tick_s = tick_s
         self.long_context_from_s = long_context_from_s
@@ -149,13 +175,18 @@ class FleetSim:
         self._heap: list = []
         self._n = 0
         self._epoch = {r.id: 0 for r in self.replicas}
-        self._arrivals = iter(arrivals)
+        self._streams = {pool: iter(arrivals), **{sib.pool: iter(sib.arrivals) for sib in siblings}}
         self._task_no = 0
-        self._next_arrival()
+        for stream in list(self._streams):
+            self._next_arrival(stream)
         for event in fleet_events:
             self._at(event.at_s, self._lose_replicas, event)
         self._at(0.0, self._sample_tick)
         self._at(tick_s, self._controller_tick)
+        self._warm_s = min(10.0, duration_s / 10)
+        self._at(self._warm_s, self._token_mark)
+        self._at(duration_s, self._token_mark)
+        self._tokens_at_warm = 0
 
     # -- the event loop ------------------------------------------------------------------------------
 
@@ -186,7 +217,7 @@ class FleetSim:
         return self.stats
 
     def _finished(self) -> bool:
-        return self.now >= self.duration_s and self._arrivals is None and self._open == 0
+        return self.now >= self.duration_s and not self._streams and self._open == 0
 
     def _close(self) -> None:
         """Whatever is still open when the run stops: deferred work is deferred, the rest failed."""
@@ -205,14 +236,14 @@ class FleetSim:
 
     # -- arrivals and tasks --------------------------------------------------------------------------
 
-    def _next_arrival(self) -> None:
-        arrival = next(self._arrivals, None) if self._arrivals is not None else None
+    def _next_arrival(self, stream: str) -> None:
+        arrival = next(self._streams[stream], None)
         if arrival is None or arrival.at_s >= self.duration_s:
-            self._arrivals = None
+            del self._streams[stream]
             return
-        self._at(arrival.at_s, self._arrive, arrival)
+        self._at(arrival.at_s, self._arrive, arrival, stream)
 
-    def _arrive(self, arrival: Arrival) -> None:
+    def _arrive(self, arrival: Arrival, pool: str) -> None:
         self._task_no += 1
         steps = []
         n = self.rng.choice(STEP_WEIGHTS)
@@ -224,26 +255,26 @@ class FleetSim:
             steps.append((self.rng.randint(20, 400), max(1, int(arrival.output_tokens * self.rng.uniform(0.3, 1.2)))))
         priority, tenant = pick_priority(self.rng), TENANTS[self.rng.randrange(len(TENANTS))]
         task = Task(f"task-{self._task_no:07d}", priority, tenant, self.now, steps,
-                    context=min(MAX_CONTEXT, first_input))
+                    context=min(MAX_CONTEXT, first_input), pool=pool)
         self.stats.tasks.append(task)
         self.stats.arrivals += 1
         self._open += 1
         self._second("arrivals", 1)
         self._start_attempt(task)
-        self._next_arrival()
+        self._next_arrival(pool)
 
     def _start_attempt(self, task: Task) -> None:
         if task.outcome is not None:
             return
         task.waiting_verdict = False
         retry = task.attempt > 0
-        request = Request(self.pool, task.priority, continuing=task.step > 0, retry=retry,
+        request = Request(task.pool, task.priority, continuing=task.step > 0, retry=retry,
                           slo_ttft_s=self.client.slo(task.priority), after_shed=retry and task.last_shed)
         verdict = self.controller.verdict(request, self.now)
         self.stats.decisions += 1
         self._second("decisions", 1)
         request_id = f"{task.id}-s{task.step}"
-        base = self._base_event(task, request_id, task.attempt + 1)
+        base = self._base_event(task, request_id, task.attempt + 1, task.pool)
         self._emit(base | {"phase": "received"})
         if isinstance(verdict, Defer):
             task.waiting_verdict = True
@@ -251,32 +282,53 @@ class FleetSim:
             self._at(self.now + verdict.retry_after_s, self._start_attempt, task)
             return
         task.attempt += 1
+        pool = task.pool
+        if isinstance(verdict, Redirect) and verdict.pool in self._pools():
+            # move: the router sends the attempt to the sibling pool, which serves it with a cold cache
+            self._emit(base | {"phase": "redirected"})
+            pool = verdict.pool
+            base = self._base_event(task, request_id, task.attempt, pool)
+            self._emit(base | {"phase": "received"})
+            verdict = ADMIT
         task.last_shed = isinstance(verdict, (Reject, Redirect))
         if task.last_shed:
+            task.shed += 1
             retry_after = getattr(verdict, "retry_after_s", 1.0)
-            final = task.attempt >= self.client.max_attempts
+            client = self.client
+            if client.shed_retries is None:
+                final = task.attempt >= client.max_attempts
+                delay = max(retry_after, self._backoff(task.attempt))
+            else:
+                final = task.shed > client.shed_retries or task.attempt >= 100
+                delay = retry_after * (1 + client.retry_after_jitter * self.rng.uniform(-1, 1))
             self._emit(base | self._terminal("rejected", final, task, error="rejected"))
             if final:
                 self._end(task, "rejected")
             else:
-                self._at(self.now + max(retry_after, self._backoff(task.attempt)), self._start_attempt, task)
+                self._at(self.now + delay, self._start_attempt, task)
             return
-        replica = self._choose_replica(task)
+        replica = self._choose_replica(task, pool)
         if replica is None:
-            final = task.attempt >= self.client.max_attempts
+            final = self._failures_spent(task)
             self._emit(base | self._terminal("failed", final, task, error="no_replica"))
             self._after_failure(task, final)
             return
         self.stats.admitted += 1
         self._second("admitted", 1)
         cached = min(task.context, self._warm(task, replica))
-        attempt = Attempt(task, task.attempt, request_id, self.now, replica)
+        attempt = Attempt(task, task.attempt, request_id, self.now, replica, pool)
         attempt.seq = Sequence(attempt, task.context, cached, task.steps[task.step][1])
         self._emit(base | {"phase": "admitted", "replica_id": replica.id})
         replica.enqueue(attempt.seq)
         self.controller.record(True, self.now)
         self._kick(replica)
         self._at(self.now + self.client.timeout(task.priority), self._timeout, attempt)
+
+    def _failures_spent(self, task: Task) -> bool:
+        """The client gives up after ``max_attempts`` tries that were not shed (or all tries, when shed
+        work counts as a failure), and never past the contract's 100 attempts."""
+        tries = task.attempt if self.client.shed_retries is None else task.attempt - task.shed
+        return tries >= self.client.max_attempts or task.attempt >= 100
 
     def _warm(self, task: Task, replica: Replica) -> int:
         """Prefix-cache hit: the previous step's context, if it ran on this replica."""
@@ -285,11 +337,14 @@ class FleetSim:
         new_input = task.steps[task.step][0]
         return max(0, task.context - new_input)
 
-    def _choose_replica(self, task: Task) -> Replica | None:
-        alive = [r for r in self.replicas if r.alive]
+    def _pools(self) -> set[str]:
+        return set(self.pool_of.values())
+
+    def _choose_replica(self, task: Task, pool: str) -> Replica | None:
+        alive = [r for r in self.replicas if r.alive and self.pool_of[r.id] == pool]
         if not alive:
             return None
-        if task.replica is not None and task.replica.alive and task.step > 0:
+        if task.replica is not None and task.replica.alive and task.step > 0 and self.pool_of[task.replica.id] == pool:
             return task.replica
         return min(alive, key=lambda r: (r.load(), r.id))
 
@@ -315,6 +370,9 @@ class FleetSim:
     def _kick(self, replica: Replica) -> None:
         if replica.alive and not replica.busy and replica.has_work():
             duration = replica.start_step()
+            for seq in replica.planned():
+                if seq.owner.scheduled_s is None:
+                    seq.owner.scheduled_s = self.now
             self._at(self.now + duration, self._step_done, replica, self._epoch[replica.id])
 
     def _step_done(self, replica: Replica, epoch: int) -> None:
@@ -325,7 +383,7 @@ class FleetSim:
             attempt: Attempt = seq.owner
             attempt.first_token_s = self.now
             ttft = round(self.now - attempt.sent_s, 6)
-            self._emit(self._base_event(attempt.task, attempt.request_id, attempt.number)
+            self._emit(self._base_event(attempt.task, attempt.request_id, attempt.number, attempt.pool)
                        | {"phase": "first_token", "replica_id": replica.id, "ttft_s": ttft})
         for seq in result.finished:
             self._complete(seq.owner)
@@ -354,15 +412,17 @@ class FleetSim:
         self.stats.useful_tokens += max(0, seq.prompt_tokens - seq.cached_tokens) + seq.output_tokens
         self.stats.wasted_tokens += seq.recomputed_tokens
         last_step = task.step == len(task.steps) - 1
-        self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
+        self._emit(self._base_event(task, attempt.request_id, attempt.number, attempt.pool) | self._terminal(
             "completed", last_step, task, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
-            cached=seq.cached_tokens, output=seq.output_tokens, ttft=ttft, tpot=tpot, duration=duration))
+            cached=seq.cached_tokens, output=seq.output_tokens, ttft=ttft, tpot=tpot, duration=duration,
+            queue=self._queued(attempt)))
         task.replica = attempt.replica
         if last_step:
             self._end(task, "completed")
             return
         task.step += 1
         task.attempt = 0
+        task.shed = 0
         new_input, _ = task.steps[task.step]
         task.context = min(MAX_CONTEXT, task.context + seq.output_tokens + new_input)
         self._at(self.now + self.client.think_time_s * self.rng.uniform(0.5, 1.5), self._start_attempt, task)
@@ -371,8 +431,7 @@ class FleetSim:
         if attempt.done or attempt.first_token_s is not None:
             return
         attempt.replica.abort(attempt.seq)
-        self._fail_attempt(attempt, "timeout", final=attempt.task.attempt >= self.client.max_attempts,
-                           phase="cancelled")
+        self._fail_attempt(attempt, "timeout", final=self._failures_spent(attempt.task), phase="cancelled")
 
     def _fail_attempt(self, attempt: Attempt, error: str, final: bool, phase: str = "failed") -> None:
         if attempt.done:
@@ -380,20 +439,26 @@ class FleetSim:
         attempt.done = True
         task, seq = attempt.task, attempt.seq
         self.stats.wasted_tokens += self._work(attempt)
-        self._emit(self._base_event(task, attempt.request_id, attempt.number) | self._terminal(
+        self._emit(self._base_event(task, attempt.request_id, attempt.number, attempt.pool) | self._terminal(
             phase, final, task, error=error, replica=attempt.replica.id, input_tokens=seq.prompt_tokens,
-            cached=seq.cached_tokens, output=seq.generated, duration=self.now - attempt.sent_s))
+            cached=seq.cached_tokens, output=seq.generated, duration=self.now - attempt.sent_s,
+            queue=self._queued(attempt)))
         self._after_failure(task, final)
+
+    def _queued(self, attempt: Attempt) -> float:
+        """Time in the replica's queue before its first batch (the whole attempt if it never got one),
+        as engines report it (vLLM's request queue time)."""
+        return (attempt.scheduled_s if attempt.scheduled_s is not None else self.now) - attempt.sent_s
 
     # -- fleet events --------------------------------------------------------------------------------
 
     def _lose_replicas(self, event: FleetEvent) -> None:
-        alive = [r for r in self.replicas if r.alive]
+        alive = [r for r in self.replicas if r.alive and self.pool_of[r.id] == self.pool]
         for replica in alive[-event.count:] if event.count else []:
             self._epoch[replica.id] += 1
             for seq in replica.fail_all():
                 attempt = seq.owner
-                self._fail_attempt(attempt, "replica_failure", final=attempt.task.attempt >= self.client.max_attempts)
+                self._fail_attempt(attempt, "replica_failure", final=self._failures_spent(attempt.task))
             if event.back_s is not None:
                 self._at(event.back_s, self._recover, replica)
 
@@ -413,7 +478,7 @@ class FleetSim:
             self._second("replicas", len(alive))
         for r in alive if self._listening else ():
             self._emit({"schema_version": 1, "event_id": self._uuid(), "event_time": self.event_time_ms(),
-                        "replica_id": r.id, "pool": self.pool, "hardware": self.hw.name,
+                        "replica_id": r.id, "pool": self.pool_of[r.id], "hardware": self.hw.name,
                         "gpu_count": self.hw.gpu_count, "requests_running": len(r.running),
                         "requests_waiting": r.waiting_count, "kv_cache_usage": round(r.kv_usage(), 4),
                         "preemptions_total": r.preemptions_total, "prompt_tokens_total": r.prompt_tokens_total,
@@ -422,6 +487,17 @@ class FleetSim:
                         "prefix_cache_queries_total": r.prefix_queries_total, "healthy": True}, kind="replica")
         if self.now + self.sample_interval_s <= self.end_s:
             self._at(self.now + self.sample_interval_s, self._sample_tick)
+
+    def _tokens(self) -> int:
+        return sum(r.prompt_tokens_total + r.generation_tokens_total for r in self.replicas)
+
+    def _token_mark(self) -> None:
+        """Tokens processed over the arrival window, warm-up left out: a pool's peak rate, measured where
+        it is loaded (the drain after the last arrival would average it down)."""
+        if self.now < self.duration_s:
+            self._tokens_at_warm = self._tokens()
+        else:
+            self.stats.arrival_tokens_per_s = (self._tokens() - self._tokens_at_warm) / (self.duration_s - self._warm_s)
 
     def _controller_tick(self) -> None:
         self.controller.tick(self, self.now)
@@ -434,14 +510,14 @@ class FleetSim:
         row = self.stats.timeline.setdefault(int(self.now), {})
         row[key] = row.get(key, 0.0) + value if key not in ("kv_usage", "replicas") else value
 
-    def _base_event(self, task: Task, request_id: str, attempt: int) -> dict:
+    def _base_event(self, task: Task, request_id: str, attempt: int, pool: str) -> dict:
         return {"schema_version": 1, "event_id": "", "event_time": 0, "task_id": task.id,
                 "request_id": request_id, "attempt": attempt, "tenant": task.tenant, "priority": task.priority,
-                "pool": self.pool, "model": self.model}
+                "pool": pool, "model": self.model}
 
     def _terminal(self, phase: str, final: bool, task: Task, error: str | None = None, replica: str | None = None,
                   input_tokens: int = 0, cached: int = 0, output: int = 0, ttft: float | None = None,
-                  tpot: float | None = None, duration: float = 0.0) -> dict:
+                  tpot: float | None = None, duration: float = 0.0, queue: float | None = None) -> dict:
         event = {"phase": phase, "task_final": final, "input_tokens": input_tokens, "cached_input_tokens": cached,
                  "output_tokens": output, "duration_s": round(duration, 6),
                  "slo_ttft_s": self.client.slo(task.priority),
@@ -453,6 +529,8 @@ class FleetSim:
         if ttft is not None:
             event["ttft_s"] = round(ttft, 6)
             event["tpot_s"] = round(tpot, 6)
+        if queue is not None:
+            event["queue_s"] = round(max(0.0, queue), 6)
         return event
 
     def _emit(self, event: dict, kind: str = "request") -> None:

@@ -76,7 +76,7 @@ def summarise(sim: "FleetSim", stats: "Stats", duration_s: float) -> Outcome:
                    attainment={c: succeeded[c] / arrived[c] if arrived[c] else 1.0 for c in PRIORITIES},
                    ttft_p99_s=p99, waste_share=stats.wasted_tokens / work if work else 0.0,
                    gpu_seconds=stats.gpu_seconds, requests_per_s=stats.admitted / duration_s,
-                   tokens_per_s=tokens / max(sim.now, 1e-9))
+                   tokens_per_s=stats.arrival_tokens_per_s or tokens / max(sim.now, 1e-9))
 
 
 def timeline(sim: "FleetSim", until_s: float, window_s: int = 10) -> dict[str, list[tuple[float, float]]]:

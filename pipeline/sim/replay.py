@@ -17,6 +17,7 @@ import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -37,9 +38,15 @@ def default_trace_path() -> Path:
 
 
 def load_trace(path: Path | None = None) -> list[TraceRow]:
-    """Rows of ``TIMESTAMP,ContextTokens,GeneratedTokens`` as offsets from the first arrival."""
+    """Rows of ``TIMESTAMP,ContextTokens,GeneratedTokens`` as offsets from the first arrival (parsed once
+    per file: every simulated run reads the trace)."""
+    return list(_parsed_trace(path or default_trace_path()))
+
+
+@lru_cache(maxsize=4)
+def _parsed_trace(path: Path) -> tuple[TraceRow, ...]:
     rows: list[TraceRow] = []
-    with open(path or default_trace_path(), newline="") as fh:
+    with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         first = None
         for rec in reader:
@@ -49,7 +56,7 @@ def load_trace(path: Path | None = None) -> list[TraceRow]:
             rows.append(TraceRow(when - first, int(rec["ContextTokens"]), int(rec["GeneratedTokens"])))
     if not rows:
         raise ValueError(f"trace {path} has no rows")
-    return rows
+    return tuple(rows)
 
 
 @dataclass(frozen=True)

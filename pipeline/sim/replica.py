@@ -147,6 +147,10 @@ class Replica:
 
     # -- engine steps --------------------------------------------------------------------------------
 
+    def planned(self) -> list[Sequence]:
+        """The sequences the step in progress takes in from the queue."""
+        return self._planned
+
     def has_work(self) -> bool:
         return bool(self.running) or self.waiting_count > 0
 

@@ -17,20 +17,37 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from ..admission.flapping import reversals_per_minute
 from ..cost import price_table
 from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess
-from .fleet import ClientPolicy, FleetEvent, FleetSim
+from .fleet import ClientPolicy, FleetEvent, FleetSim, Sibling
 from .chart import Panel, render
 from .outcome import Outcome, summarise, timeline
 from .replay import load_trace
 from .replica import Hardware
 
 POOL = "chat-8b"
+SIBLING = "chat-8b-b"   # a second pool of the same model, for scenarios where work can move
 START_MS = 1_750_000_000_000
 ATTAINMENT_TARGET = 0.99
 AGGRESSIVE_CLIENT = ClientPolicy(ttft_timeout_s=4.0, max_attempts=6, backoff_base_s=0.25, backoff_cap_s=2.0)
+# SDKs that honour a 429's Retry-After to the second and retry shed work up to five times: shed work
+# comes back exactly when told, so a controller that tells everyone the same time gets it back in waves
+POLITE_CLIENT = ClientPolicy(shed_retries=5)
+POLITE_JITTER_CLIENT = ClientPolicy(shed_retries=5, retry_after_jitter=0.5)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The requests' shape relative to the trace: a code assistant sends long prompts for short answers."""
+
+    prompt_factor: float = 1.0
+    output_factor: float = 1.0
+
+
+PROMPT_HEAVY = Traffic(prompt_factor=4.0, output_factor=0.25)
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,9 @@ class Scenario:
     back_at_s: float | None = None
     long_context_from_s: float | None = None
     client: ClientPolicy = field(default_factory=ClientPolicy)
+    traffic: Traffic = field(default_factory=Traffic)   # its SLO capacity is measured for this shape
+    sibling_replicas: int = 0                 # a sibling pool of the same model (SIBLING) ...
+    sibling_load: float = 0.0                 # ... with this steady load, × its own SLO capacity
 
     def lost(self, replicas: int) -> int:
         """Replicas this scenario takes down, of ``replicas``."""
@@ -61,8 +81,22 @@ SCENARIOS = {s.name: s for s in (
              spike_load=2.0, client=AGGRESSIVE_CLIENT),
     Scenario("long-context", "0.9× capacity; prompts 4× longer from 60 s (KV cache binds first)", 0.9,
              long_context_from_s=60.0),
+    Scenario("retry-after", "the spike, with clients that honour Retry-After exactly and retry shed work 5 times",
+             0.7, spike_load=2.0, client=POLITE_CLIENT),
+    Scenario("retry-after-jitter", "the spike, with clients that honour Retry-After ±50% and retry shed work "
+             "5 times", 0.7, spike_load=2.0, client=POLITE_JITTER_CLIENT),
+    Scenario("two-pools", "the spike in one pool; a sibling pool of the same model (as many replicas) at 0.4× "
+             "its capacity, where work can move with a cold cache", 0.7, spike_load=2.0, sibling_replicas=10,
+             sibling_load=0.4),
+    Scenario("prompt-heavy-spike", "code-assistant traffic (prompts 4×, outputs ¼): 0.7×, 2× from 60 s to 180 s, "
+             "clients honouring Retry-After", 0.7, spike_load=2.0, client=POLITE_CLIENT, traffic=PROMPT_HEAVY),
+    Scenario("prompt-heavy-loss", "code-assistant traffic: 0.9×; 30% of replicas lost at 60 s, back cold at 240 s; "
+             "clients honouring Retry-After", 0.9, lose_fraction=0.3, back_at_s=240.0, client=POLITE_CLIENT,
+             traffic=PROMPT_HEAVY),
 )}
-CONTROLLED = ("spike", "replica-loss", "retry-storm")   # where the controller must pay for itself
+# where the controller must pay for itself
+CONTROLLED = ("spike", "replica-loss", "retry-storm", "retry-after", "retry-after-jitter", "two-pools",
+              "prompt-heavy-spike", "prompt-heavy-loss")
 
 
 @dataclass(frozen=True)
@@ -84,32 +118,40 @@ class Capacity:
     peak_tokens_per_s_per_replica: float
 
 
-def _arrivals(fleet: Fleet, schedule: RateSchedule, duration_s: float):
+def _arrivals(fleet: Fleet, schedule: RateSchedule, duration_s: float, traffic: Traffic = Traffic()):
     trace = load_trace()
     if fleet.arrivals == "gamma":
-        return gamma_arrivals(trace, schedule, duration_s, fleet.burstiness, fleet.seed)
-    return trace_arrivals(trace, schedule, duration_s)
+        arrivals = gamma_arrivals(trace, schedule, duration_s, fleet.burstiness, fleet.seed)
+    else:
+        arrivals = trace_arrivals(trace, schedule, duration_s)
+    if traffic == Traffic():
+        return arrivals
+    return (replace(a, input_tokens=max(1, int(a.input_tokens * traffic.prompt_factor)),
+                    output_tokens=max(1, int(a.output_tokens * traffic.output_factor))) for a in arrivals)
 
 
-def _steady(fleet: Fleet, replicas: int, rate: float, client: ClientPolicy, duration_s: float = 120.0) -> Outcome:
-    sim = FleetSim(POOL, replicas, fleet.hardware, _arrivals(fleet, RateSchedule(((0.0, rate),)), duration_s),
+def _steady(fleet: Fleet, replicas: int, rate: float, client: ClientPolicy, duration_s: float = 120.0,
+            traffic: Traffic = Traffic()) -> Outcome:
+    sim = FleetSim(POOL, replicas, fleet.hardware,
+                   _arrivals(fleet, RateSchedule(((0.0, rate),)), duration_s, traffic),
                    NoControl(), client, seed=fleet.seed, start_ms=START_MS, duration_s=duration_s, drain_s=60.0)
     return summarise(sim, sim.run(), duration_s)
 
 
 @lru_cache(maxsize=32)
-def slo_capacity(fleet: Fleet, replicas: int, client: ClientPolicy = ClientPolicy()) -> Capacity:
+def slo_capacity(fleet: Fleet, replicas: int, client: ClientPolicy = ClientPolicy(),
+                 traffic: Traffic = Traffic()) -> Capacity:
     """Binary search for the highest steady task rate where every class keeps ≥ 99% TTFT attainment."""
     lo, hi = 0.5 * replicas, 8.0 * replicas
-    best = _steady(fleet, replicas, lo, client)
+    best = _steady(fleet, replicas, lo, client, traffic=traffic)
     for _ in range(7):
         mid = (lo + hi) / 2
-        outcome = _steady(fleet, replicas, mid, client)
+        outcome = _steady(fleet, replicas, mid, client, traffic=traffic)
         if min(outcome.attainment.values()) >= ATTAINMENT_TARGET:
             lo, best = mid, outcome
         else:
             hi = mid
-    saturated = _steady(fleet, replicas, hi * 1.5, client)
+    saturated = _steady(fleet, replicas, hi * 1.5, client, traffic=traffic)  # its peak: tokens/s while arriving
     return Capacity(tasks_per_s=round(lo, 3), slo_goodput=best.slo_goodput,
                     requests_per_s_per_replica=best.requests_per_s / replicas,
                     peak_tokens_per_s_per_replica=saturated.tokens_per_s / replicas)
@@ -122,8 +164,8 @@ def sluice_settings(capacity: Capacity, base: Settings | None = None) -> Setting
                "peak_tokens_per_s": round(capacity.peak_tokens_per_s_per_replica, 1),
                "slo_ttft_s": 2.0}
     # the simulated GPU agents sample every second: a replica is stale after five missed samples
-    return replace(base, profiles={**base.profiles, "sim-pool": profile}, pool_profiles={POOL: "sim-pool"},
-                   replica_stale_after_s=5.0)
+    return replace(base, profiles={**base.profiles, "sim-pool": profile},
+                   pool_profiles={POOL: "sim-pool", SIBLING: "sim-pool"}, replica_stale_after_s=5.0)
 
 
 def schedule_for(scenario: Scenario, capacity: Capacity) -> RateSchedule:
@@ -143,23 +185,29 @@ def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, 
               start_ms: int = START_MS) -> FleetSim:
     lost = scenario.lost(fleet.replicas)
     events = (FleetEvent(scenario.lose_at_s, lost, scenario.back_at_s),) if lost else ()
+    siblings = ()
+    if scenario.sibling_replicas:
+        rate = scenario.sibling_load * capacity.tasks_per_s * scenario.sibling_replicas / fleet.replicas
+        siblings = (Sibling(SIBLING, scenario.sibling_replicas, _arrivals(
+            fleet, RateSchedule(((0.0, rate),)), fleet.duration_s, scenario.traffic)),)
     return FleetSim(POOL, fleet.replicas, fleet.hardware,
-                    _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s), controller,
+                    _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s, scenario.traffic), controller,
                     scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
                     drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
-                    emit=emit)
+                    emit=emit, siblings=siblings)
 
 
 def run_scenario(scenario: Scenario, controller, fleet: Fleet = Fleet(), capacity: Capacity | None = None,
                  emit=None, start_ms: int = START_MS) -> tuple[FleetSim, Outcome]:
-    sim = build_sim(scenario, controller, fleet, capacity or slo_capacity(fleet, fleet.replicas), emit, start_ms)
+    capacity = capacity or slo_capacity(fleet, fleet.replicas, traffic=scenario.traffic)
+    sim = build_sim(scenario, controller, fleet, capacity, emit, start_ms)
     return sim, summarise(sim, sim.run(), fleet.duration_s)
 
 
 def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
     """The SLO capacity for the replicas alive during the scenario's hardest stretch."""
     alive = fleet.replicas - scenario.lost(fleet.replicas)
-    return slo_capacity(fleet, alive)
+    return slo_capacity(fleet, alive, traffic=scenario.traffic)
 
 
 def run_controllers(scenario: Scenario, fleet: Fleet, capacity: Capacity, settings: Settings) -> dict[str, tuple]:
@@ -174,20 +222,47 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
 
     With ``charts``, each scenario's timeline is drawn to ``charts/<scenario>.png``.
     """
-    capacity = slo_capacity(fleet, fleet.replicas)
-    tuned = sluice_settings(capacity, settings)
-    price = price_table(tuned.gpu_prices).get(fleet.hardware.name, 0.0)
     rows = []
     for name in names:
-        reference = reference_capacity(SCENARIOS[name], fleet)
-        runs = run_controllers(SCENARIOS[name], fleet, capacity, tuned)
+        scenario = SCENARIOS[name]
+        capacity = slo_capacity(fleet, fleet.replicas, traffic=scenario.traffic)  # the operator's load test
+        tuned = sluice_settings(capacity, settings)
+        price = price_table(tuned.gpu_prices).get(fleet.hardware.name, 0.0)
+        reference = reference_capacity(scenario, fleet)
+        runs = run_controllers(scenario, fleet, capacity, tuned)
         for label, (sim, outcome) in runs.items():
-            rows.append(outcome.row(name, label, reference.slo_goodput, price,
-                                    getattr(sim.controller, "state_changes", 0)))
+            row = outcome.row(name, label, reference.slo_goodput, price, getattr(sim.controller, "state_changes", 0))
+            history = getattr(sim.controller, "history", [])
+            row["fraction_reversals_per_min"] = round(reversals_per_minute(
+                (fractions for t, _, fractions in history if t <= fleet.duration_s), fleet.duration_s), 2)
+            row["seed"] = fleet.seed
+            rows.append(row)
         if charts is not None:
             charts.mkdir(parents=True, exist_ok=True)
             draw(charts / f"{name}.png", name, {label: sim for label, (sim, _) in runs.items()}, fleet.duration_s)
     return rows
+
+
+def _compare_one(args: tuple) -> list[dict]:
+    names, fleet, settings = args
+    return compare(names, fleet, settings)
+
+
+def compare_seeds(names: tuple[str, ...], fleet: Fleet, seeds: range, settings: Settings | None = None,
+                  processes: int | None = None) -> list[dict]:
+    """``compare`` under each seed, in as many processes as there are CPUs: one per seed (its capacity
+    searches are cached there), or per group of scenarios when there are fewer seeds than CPUs."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    cpus = processes or os.cpu_count() or 1
+    groups = max(1, min(len(names), cpus // max(1, len(seeds))))
+    chunks = [names[i::groups] for i in range(groups)]
+    jobs = [(chunk, replace(fleet, seed=seed), settings) for seed in seeds for chunk in chunks]
+    with ProcessPoolExecutor(cpus) as pool:
+        rows = [row for rows in pool.map(_compare_one, jobs) for row in rows]
+    order = {name: i for i, name in enumerate(names)}
+    return sorted(rows, key=lambda r: (r["seed"], order[r["scenario"]]))
 
 
 def draw(path: Path, title: str, sims: dict, duration_s: float) -> Path:
