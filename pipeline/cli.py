@@ -219,8 +219,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     from .sim.scenarios import compare_seeds
 
+    from .sim.replica import Hardware
+
     fleet = Fleet(replicas=args.replicas, duration_s=args.seconds, seed=args.seed, arrivals=args.arrivals,
-                  burstiness=args.burstiness)
+                  burstiness=args.burstiness, hardware=Hardware(priority_scheduling=args.engine_priority))
     names = tuple(args.scenario or SCENARIOS)
     if args.seeds:
         first, _, last = args.seeds.partition("-")
@@ -333,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--replicas", type=int, default=10)
     sim.add_argument("--seed", type=int, default=1)
     sim.add_argument("--seeds", help="a range of seeds, e.g. 1-5: every scenario under each, in parallel processes")
+    sim.add_argument("--engine-priority", action="store_true",
+                     help="replicas schedule critical work first (vLLM --scheduling-policy priority) instead of FCFS")
     sim.add_argument("--goals", action="store_true",
                      help="print Sluice's ratios and the goals each (scenario, seed) misses; exit 1 if any")
     sim.add_argument("--arrivals", choices=("trace", "gamma"), default="trace",

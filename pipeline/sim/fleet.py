@@ -317,7 +317,8 @@ class FleetSim:
         self._second("admitted", 1)
         cached = min(task.context, self._warm(task, replica))
         attempt = Attempt(task, task.attempt, request_id, self.now, replica, pool)
-        attempt.seq = Sequence(attempt, task.context, cached, task.steps[task.step][1])
+        attempt.seq = Sequence(attempt, task.context, cached, task.steps[task.step][1],
+                               rank=0 if task.priority == "critical" else 1)
         self._emit(base | {"phase": "admitted", "replica_id": replica.id})
         replica.enqueue(attempt.seq)
         self.controller.record(True, self.now)

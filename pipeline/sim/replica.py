@@ -36,6 +36,9 @@ class Hardware:
     kv_capacity_tokens: int = 150_000
     max_batch: int = 128
     kv_watermark: float = 0.01   # admission keeps this share of the cache free (vLLM's watermark)
+    # vLLM's --scheduling-policy priority: urgent sequences (rank 0, critical work) are taken from the
+    # queue before the rest; default FCFS, as engines run out of the box
+    priority_scheduling: bool = False
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Sequence:
     active: bool = True       # False once finished or aborted: lazy removal from heap and queue
     running: bool = False
     planned: bool = False     # admitted into the step in progress
+    rank: int = 1             # 0: urgent (critical work), served first under priority scheduling
 
     def context(self) -> int:
         return self.prompt_tokens + self.generated
@@ -73,6 +77,7 @@ class Replica:
         self.hw = hardware
         self.alive = True
         self.waiting: deque[Sequence] = deque()
+        self.urgent: deque[Sequence] = deque()   # rank-0 sequences, under priority scheduling
         self.waiting_count = 0
         self.running: dict[int, Sequence] = {}   # insertion order = admission order
         self.steps = 0
@@ -104,8 +109,11 @@ class Replica:
 
     # -- requests ------------------------------------------------------------------------------------
 
+    def _queue_of(self, seq: Sequence) -> deque:
+        return self.urgent if self.hw.priority_scheduling and seq.rank == 0 else self.waiting
+
     def enqueue(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._queue_of(seq).append(seq)
         self.waiting_count += 1
 
     def abort(self, seq: Sequence) -> None:
@@ -122,7 +130,7 @@ class Replica:
         """The replica died: every sequence it holds is lost."""
         for seq in self.running.values():
             seq.generated = self.steps - seq.base
-        lost = [s for s in self.running.values()] + [s for s in self.waiting if s.active]
+        lost = [s for s in self.running.values()] + [s for s in (*self.urgent, *self.waiting) if s.active]
         lost += [s for s in self._planned if s.active]
         for seq in lost:
             seq.active = False
@@ -130,6 +138,7 @@ class Replica:
             seq.planned = False
         self.running.clear()
         self.waiting.clear()
+        self.urgent.clear()
         self.waiting_count = 0
         self._finish.clear()
         self._planned = []
@@ -160,21 +169,22 @@ class Replica:
         free = cap * (1 - self.hw.kv_watermark) - self.kv_used() - len(self.running)
         prefill = 0
         planned: list[Sequence] = []
-        while self.waiting and len(self.running) + len(planned) < self.hw.max_batch:
-            head = self.waiting[0]
+        while (self.urgent or self.waiting) and len(self.running) + len(planned) < self.hw.max_batch:
+            queue = self.urgent if self.urgent else self.waiting
+            head = queue[0]
             if not head.active:
-                self.waiting.popleft()
+                queue.popleft()
                 continue
             need = head.context() + 1
             if need > free:
                 if need > cap * (1 - self.hw.kv_watermark):
                     head.active = False
-                    self.waiting.popleft()
+                    queue.popleft()
                     self.waiting_count -= 1
                     self._too_long.append(head)
                     continue
                 break
-            self.waiting.popleft()
+            queue.popleft()
             self.waiting_count -= 1
             free -= need
             if head.preempted:
@@ -228,7 +238,7 @@ class Replica:
             self._release(victim)
             victim.preempted += 1
             self.preemptions_total += 1
-            self.waiting.appendleft(victim)
+            self._queue_of(victim).appendleft(victim)
             self.waiting_count += 1
             out.preempted.append(victim)
         self.busy = False

@@ -113,3 +113,16 @@ def test_rate_schedule_and_arrival_sources():
     assert 300 < len(bursty) < 500 and all(isinstance(a, Arrival) for a in bursty)
     with pytest.raises(ValueError):
         RateSchedule(((5.0, 1.0),))
+
+
+def test_engine_priority_scheduling_takes_critical_work_first():
+    from dataclasses import replace as with_fields
+
+    from pipeline.sim.replica import Hardware, Replica, Sequence
+
+    for priority, first in ((False, "standard"), (True, "critical")):
+        replica = Replica("r", with_fields(Hardware(), max_batch=1, priority_scheduling=priority))
+        replica.enqueue(Sequence("standard", 100, 0, 10, rank=1))
+        replica.enqueue(Sequence("critical", 100, 0, 10, rank=0))
+        replica.start_step()
+        assert [s.owner for s in replica.planned()] == [first]
