@@ -421,6 +421,45 @@ def bench_decide(calls: int = 200_000) -> dict:
             "decide_vs_baseline_ratio": round(spent / baseline, 1)}
 
 
+def bench_decode(events: int = 60_000, rounds: int = 5) -> dict:
+    """The control path's pure work per event — decode, validate, fold — with the compiled fast path
+    (``fast_decode``) against the full validator alone, same events, same run (best of ``rounds``)."""
+    from itertools import islice
+
+    from . import events as event_types
+    from .events import ReplicaSample, RequestEvent
+    from .ingest import Record, decode_records
+    from .load.partial import PartialBuilder
+    from .sim.replay import generate, load_trace
+
+    generated = list(islice(generate(load_trace(), rate=200, seconds=3600, seed=7, start_ms=1_700_000_000_000),
+                            events))
+    records: dict[type, list] = {RequestEvent: [], ReplicaSample: []}
+    for i, e in enumerate(generated):
+        cls = RequestEvent if e.kind == "request" else ReplicaSample
+        key = e.event[cls.key_field].encode()
+        records[cls].append(Record("bench", 0, i, None, key, orjson.dumps(e.event)))
+
+    def once() -> float:
+        started = time.perf_counter()
+        builder = PartialBuilder("bench/0", 15)
+        for cls, recs in records.items():
+            fold = builder.fold_request if cls is RequestEvent else builder.fold_sample
+            for event in decode_records(cls, recs, 1 << 20, 0).events:
+                fold(event)
+        return time.perf_counter() - started
+
+    fast = min(once() for _ in range(rounds))
+    saved = dict(event_types.FAST)
+    event_types.FAST.clear()
+    try:
+        full = min(once() for _ in range(rounds))
+    finally:
+        event_types.FAST.update(saved)
+    return {"events": len(generated), "fast_path_events_per_s": round(len(generated) / fast),
+            "full_validator_events_per_s": round(len(generated) / full), "fast_vs_full_ratio": round(full / fast, 2)}
+
+
 def bench_litellm_hook(settings: Settings, calls: int = 20_000) -> dict:
     """What the LiteLLM hook adds before a call is sent: verdict, events handed to the emitter and the
     metadata stash, per call (p50, p99), against ``Decider.decide`` alone in the same run. Kafka is
@@ -524,6 +563,7 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
                "landing_under_query": bench_landing_under_query(settings.sink_block_rows, work_dir,
                                                                 settings.store_fsync),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
+               "decode_and_fold": bench_decode(),
                "router_decide": bench_decide(),
                "litellm_hook": bench_litellm_hook(settings)}
     if as_json:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Union
 import orjson
 
 from .contract import Invalid, compile_schema, describe, load_schema
+from .fast_decode import FAST
 
 SCHEMA_VERSION = 1
 MAX_SOURCE_TIMESTAMP_MS = 4102444800000  # 2100-01-01, the schema's bound on a record's Kafka timestamp
@@ -178,7 +179,10 @@ def decode(cls: type[Event], value: bytes | None, key: bytes | None, max_bytes: 
             raise Invalid("oversize", f"value is {len(value)} bytes, the limit is {max_bytes}")
         if key is None:
             raise Invalid("null_key", f"record has no key; {cls.__name__} is keyed by {cls.key_field}")
-        document = validate(cls.schema, _parse(value))
+        fast = FAST.get(cls.schema)
+        document = fast.document(value) if fast is not None else None
+        if document is None:  # refused or not certain: the full validator decides, and names the reason
+            document = validate(cls.schema, _parse(value))
         expected = document[cls.key_field]
         if key != expected.encode():
             raise Invalid("key_mismatch", f"record key {describe(key)} differs from {cls.key_field} "

@@ -1,0 +1,108 @@
+"""The compiled fast path never accepts what the schema refuses, and yields the same document.
+
+It only decides acceptance: whatever it refuses goes to the full validator, which names the reason, so
+dead-letter reasons cannot differ. What must hold is one direction — fast accepts ⇒ the full validator
+accepts the same document — checked on every schema example, the hostile corpus, generated traffic and
+mutated documents.
+"""
+
+import json
+from itertools import islice
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipeline.contract import Invalid
+from pipeline.events import ReplicaSample, RequestEvent, _parse, decode, validate
+from pipeline.fast_decode import FAST
+from pipeline.sim.replay import generate, load_trace
+from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "schemas" / "examples"
+
+
+def agrees(schema: str, value: bytes) -> bool:
+    """True when the fast path accepted; asserts the full validator accepts the same document."""
+    fast = FAST[schema].document(value)
+    try:
+        slow = validate(schema, _parse(value))
+    except Invalid as exc:
+        assert fast is None, f"fast path accepted what the schema refuses ({exc.reason}: {exc.detail}): {value[:300]!r}"
+        return False
+    if fast is not None:
+        assert fast == slow, (fast, slow)
+    return fast is not None
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*/*/*.json")), ids=lambda p: "/".join(p.parts[-3:]))
+def test_every_schema_example(path):
+    schema = path.parts[-3]
+    if schema not in FAST:
+        pytest.skip("no fast path for this schema")
+    accepted = agrees(schema, path.read_bytes())
+    if path.parts[-2] == "valid" and "integral-float" not in path.name:  # 1.0 for an integer: the slow path's
+        assert accepted, "a valid example takes the fast path"
+
+
+def test_the_hostile_corpus_gets_the_same_reasons():
+    for reason, value, key in bad_inputs(1 << 16):
+        if value is not None and len(value) <= 1 << 16:
+            agrees("request_event", value)
+        result = decode(RequestEvent, value, key, 1 << 16)
+        assert getattr(result, "reason", None) == reason, (reason, result)
+
+
+def test_generated_traffic_takes_the_fast_path():
+    for e in islice(generate(load_trace(), rate=50, seconds=120, seed=3, start_ms=1_700_000_000_000), 3000):
+        schema = "request_event" if e.kind == "request" else "replica_sample"
+        assert agrees(schema, orjson.dumps(e.event))
+
+
+EDGE = [
+    ("task_id", "abc\n"), ("task_id", ""), ("task_id", "x" * 129), ("task_id", "tâsk"), ("attempt", 1.0),
+    ("attempt", True), ("attempt", 0), ("attempt", 101), ("event_time", -1), ("event_time", 4102444800001),
+    ("priority", "CRITICAL"), ("phase", None), ("ttft_s", None), ("ttft_s", -0.0), ("ttft_s", 1e300),
+    ("slo_ttft_s", 0), ("slo_ttft_s", 0.0), ("replica_id", None), ("task_final", None), ("schema_version", 1.0),
+    ("schema_version", True), ("input_tokens", 10_000_001), ("event_id", "0" * 36), ("tenant", "-x"),
+    ("model", "a" * 129), ("error_type", "a b"), ("queue_s", 86400.0001), ("extra", 1),
+]
+
+
+@pytest.mark.parametrize("field,value", EDGE, ids=[f"{f}={v!r}"[:40] for f, v in EDGE])
+def test_edges_of_every_keyword(field, value):
+    doc = request_event()
+    doc[field] = value
+    agrees("request_event", orjson.dumps(doc))
+
+
+@pytest.mark.parametrize("phase", ["completed", "failed", "rejected", "cancelled", "received"])
+@pytest.mark.parametrize("missing", ["task_final", "duration_s", "slo_tpot_s"])
+def test_terminal_phases_need_their_whole_record(phase, missing):
+    doc = request_event(phase=phase)
+    del doc[missing]
+    assert agrees("request_event", orjson.dumps(doc)) == (phase == "received")
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
+                           | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["request_event", "replica_sample"]), st.data())
+def test_mutated_documents(schema, data):
+    doc = request_event() if schema == "request_event" else replica_sample()
+    for _ in range(data.draw(st.integers(1, 3))):
+        field = data.draw(st.sampled_from(sorted(doc) + ["unknown"]))
+        if data.draw(st.booleans()) and field in doc:
+            del doc[field]
+        else:
+            doc[field] = data.draw(json_values)
+    agrees(schema, orjson.dumps(doc))
+
+
+def test_duplicate_keys_read_the_same_in_both():
+    value = orjson.dumps(request_event()).replace(b"{", b'{"attempt":7,', 1)
+    assert agrees("request_event", value)
