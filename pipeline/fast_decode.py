@@ -11,7 +11,8 @@ common case, skip the slow path (docs/performance.md).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+import math
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
@@ -54,7 +55,11 @@ def _annotation(name: str, spec: dict) -> Any:
         meta["max_length"] = spec["maxLength"]
     if "pattern" in spec:
         meta["pattern"] = _ecma(spec["pattern"])
-    base = Annotated[TYPES[kind], msgspec.Meta(**meta)] if meta else TYPES[kind]
+    if kind == "number":  # an integer stays an exact int (a float would round 10**18 + 1 into range)
+        whole = {k: (math.ceil(v) if k in ("ge", "lt") else math.floor(v)) for k, v in meta.items()}
+        base = Union[Annotated[int, msgspec.Meta(**whole)], Annotated[float, msgspec.Meta(**meta)]]
+    else:
+        base = Annotated[TYPES[kind], msgspec.Meta(**meta)] if meta else TYPES[kind]
     return Optional[base] if nullable else base
 
 

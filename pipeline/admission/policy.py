@@ -127,6 +127,7 @@ class Decision:
     watermark_ms: int = 0
     stale_since_ms: int | None = None
     direction: int = 0      # the level's last move: +1 shedding more, -1 less, 0 none yet
+    held_since_ms: int = 0  # when the deadband started holding a turn (0: not holding)
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -236,6 +237,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                 "note": f"{name} at {axis['pressure']:.2f} of its limit"}
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
 
+    held_since = 0
     if stale:
         stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
         level = previous.shed_level
@@ -263,7 +265,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level
         if turn * previous.direction < 0 and abs(turn) <= cfg.reversal_deadband and 0 < desired < top:
-            desired = previous.shed_level   # turning back by less than the deadband is noise: hold
+            # turning back by less than the deadband is noise: hold — for at most the dwell, after which
+            # a turn that persisted is real (else a target just across the level would hold it for ever)
+            if now_ms - (previous.held_since_ms or now_ms) < cfg.dwell_s * 1000:
+                desired = previous.shed_level
+                held_since = previous.held_since_ms or now_ms
         level = min(max(desired, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
     direction = previous.direction
     if level != previous.shed_level:
@@ -310,7 +316,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
-                    stale_since_ms=stale_since, direction=direction, signal=signal)
+                    stale_since_ms=stale_since, direction=direction, held_since_ms=held_since, signal=signal)
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can

@@ -183,9 +183,12 @@ def completion_events(call: CallInfo, response: Any, start_s: float, first_token
                   cached_input_tokens=cached, ttft_s=ttft, tpot_s=tpot)]
 
 
-def failure_event(call: CallInfo, exception: Any, start_s: float, end_s: float) -> dict:
-    """failed (or cancelled, for a timeout) for a call that raised."""
+def failure_event(call: CallInfo, exception: Any, start_s: float, end_s: float,
+                  first_token_s: float | None = None) -> dict:
+    """failed (or cancelled, for a timeout) for a call that raised; with its TTFT when a first token came,
+    so a stream cut later is not read as a first token that never arrived."""
     name = type(exception).__name__ if exception is not None else "unknown"
     timeout = "timeout" in name.lower()
+    ttft = round(first_token_s - start_s, 6) if first_token_s is not None and start_s <= first_token_s <= end_s else None
     return event(call, "cancelled" if timeout else "failed", int(end_s * 1000), **_terminal(call, end_s - start_s),
-                 error_type=_text("timeout" if timeout else name) or "unknown")
+                 error_type=_text("timeout" if timeout else name) or "unknown", ttft_s=ttft)

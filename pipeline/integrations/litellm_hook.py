@@ -68,8 +68,8 @@ class SluiceAdmission(CustomLogger):
             self._connecting = [loop.create_task(self._keep_trying(start))
                                 for start in (self.router.start, self.emitter.start)]
 
-    @staticmethod
-    async def _keep_trying(start: Any) -> None:
+    async def _keep_trying(self, start: Any) -> None:
+        stop = self.router.stop if start == self.router.start else self.emitter.stop
         delay = 1.0
         while True:
             try:
@@ -77,8 +77,22 @@ class SluiceAdmission(CustomLogger):
                 return
             except Exception as exc:  # Kafka down or refusing: decide from memory, buffer events, retry
                 log.warning("sluice: %s failed (%s); retrying in %.0f s", start.__qualname__, exc, delay)
+                try:
+                    await stop()   # what the failed start opened: a retry must not leak a client
+                except Exception:
+                    pass
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX_S, delay * 2)
+
+    @staticmethod
+    def _serves(model_group: str) -> bool:
+        """Whether the proxy has a model group of that name (a pool named by metadata may have none)."""
+        try:
+            from litellm.proxy.proxy_server import llm_router
+
+            return llm_router is not None and model_group in set(llm_router.get_model_names())
+        except Exception:
+            return False
 
     def _slo(self, pool: str) -> tuple[float, float]:
         profile = self.configs.for_pool(pool).profile
@@ -87,6 +101,9 @@ class SluiceAdmission(CustomLogger):
     # -- the call path ------------------------------------------------------------------------------
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: str) -> dict:
+        for key in ("metadata", "litellm_metadata"):  # only this hook writes the stash: a caller's is dropped
+            if isinstance(data.get(key), dict):
+                data[key].pop(STASH, None)
         if call_type not in CALL_TYPES:
             return data
         started = time.perf_counter()
@@ -99,6 +116,9 @@ class SluiceAdmission(CustomLogger):
             now_ms = int(time.time() * 1000)
             self.emitter.emit(event(call, "received", now_ms))
             self.emitter.emit(verdict_event(call, verdict, now_ms))
+            if isinstance(verdict, Redirect) and not self._serves(verdict.pool):
+                # a pool this proxy has no model group for: the move cannot happen, the shedding stands
+                verdict = Reject(1.0, "shed")
             if isinstance(verdict, (Reject, Defer)):
                 refusal = verdict
             else:
@@ -151,10 +171,14 @@ class SluiceAdmission(CustomLogger):
             call = self._stashed(kwargs)
             if call is None:
                 return
-            self.router.record(False)
+            exception = kwargs.get("exception")
+            status = getattr(exception, "status_code", None)
+            if not (isinstance(status, int) and 400 <= status < 500):  # a caller's own error is not the backend's
+                self.router.record(False)
             end = _seconds(end_time) or time.time()
             start = _seconds(start_time)
-            self.emitter.emit(failure_event(call, kwargs.get("exception"), start if start is not None else end, end))
+            self.emitter.emit(failure_event(call, exception, start if start is not None else end, end,
+                                            _seconds(kwargs.get("completion_start_time"))))
         except Exception:
             log.exception("sluice: failure hook failed")
             metrics.ROUTER_HOOK_ERRORS.inc()

@@ -27,6 +27,7 @@ REQUEST_COUNTS = (
     "first_critical", "first_standard", "first_sheddable", "first_deferrable",
     "received_critical", "received_standard", "received_sheddable", "received_deferrable",
     "timeouts",          # attempts the client gave up on before a first token (censored TTFTs)
+    "first_token_ttfts", # first_token events that carry a TTFT (the latency axis reads them when there are any)
 )
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
@@ -62,6 +63,7 @@ class RequestAgg:
         elif phase == "first_token":
             c["first_tokens"] += 1
             if e.ttft_s is not None:
+                c["first_token_ttfts"] += 1
                 self._sketch("ttft_first").add(e.ttft_s)
         elif phase in ("admitted", "deferred", "redirected", "cancelled"):
             c[phase] += 1

@@ -167,7 +167,8 @@ def latency_axis(r: Readings) -> Axis:
     p = r.profile
     q = quantiles(r.requests)
     first = r.requests.sketches.get("ttft_first")
-    ttft_p95 = first.quantile(0.95) if first is not None and r.requests.counts["first_tokens"] else q["ttft"]["p95"]
+    from_first = first is not None and r.requests.counts["first_token_ttfts"]
+    ttft_p95 = first.quantile(0.95) if from_first else q["ttft"]["p95"]
     tpot_p95 = q["tpot"]["p95"]
     ttft_ratio = ttft_p95 / p.slo_ttft_s if ttft_p95 is not None else None
     tpot_ratio = tpot_p95 / p.slo_tpot_s if tpot_p95 is not None else None

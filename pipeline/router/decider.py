@@ -52,14 +52,15 @@ class Decider:
         if self.rng.random() < fractions[request.priority]:
             return ADMIT
         if request.priority in signal["defer"]["classes"]:
-            return Defer(self._spread(signal["defer"]["retry_after_s"]))
+            return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))
         return self._elsewhere(signal, slo, "shed")
 
-    def _spread(self, retry_after_s: float) -> float:
-        """Each refusal's retry-after drawn from 0.5–1.5× the signal's: clients that honour it to the
+    def _spread(self, retry_after_s: float, low: float = 0.5) -> float:
+        """Each refusal's retry-after drawn from ``low``–1.5× the signal's: clients that honour it to the
         second would otherwise bring all work shed in one tick back in one wave, which the policy sheds
-        again — a loop with the retry-after as its period."""
-        return max(1.0, retry_after_s * self.rng.uniform(0.5, 1.5))
+        again — a loop with the retry-after as its period. A deferral is never earlier than the signal
+        says (its floor is the policy's ``defer_min_s``); nothing is later than a day."""
+        return min(86400.0, max(1.0, retry_after_s * self.rng.uniform(low, 1.5)))
 
     def _elsewhere(self, signal: dict, slo: float | None, reason: str) -> Verdict:
         """Move the work if a sibling has headroom and its cold prefill still fits the SLO; else reject."""

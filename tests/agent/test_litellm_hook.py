@@ -58,18 +58,35 @@ def test_shed_and_deferred_calls_get_429_with_their_retry_after_and_critical_pas
     assert shed.value.status_code == 429 and int(shed.value.headers["Retry-After"]) >= 1
     with pytest.raises(HTTPException) as deferred:
         pre_call(h, "deferrable")
-    assert deferred.value.status_code == 429 and 21 <= int(deferred.value.headers["Retry-After"]) <= 63, \
-        "the deferral's retry-after, spread 0.5–1.5× so deferred work does not return in one wave"
+    assert deferred.value.status_code == 429 and 42 <= int(deferred.value.headers["Retry-After"]) <= 63, \
+        "the deferral's retry-after, spread 1–1.5× so deferred work does not return in one wave"
     admitted = pre_call(h, "critical")
     assert admitted["metadata"]["sluice_call"]["priority"] == "critical"
     phases = [e["phase"] for e in list(h.emitter.queue._queue)]
     assert phases == ["received", "rejected", "received", "deferred", "received", "admitted"]
 
 
-def test_a_redirect_switches_the_model_group():
+def test_a_redirect_switches_the_model_group_when_the_proxy_serves_it(monkeypatch):
     h = hook()
     publish(h, redirect=[{"pool": "cool", "weight": 1.0, "cold_prefill_cost_s": 0.1}])
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: group == "cool"))
     assert pre_call(h, "sheddable")["model"] == "cool"
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: False))
+    with pytest.raises(HTTPException) as shed:   # a pool with no model group here: shed, never a broken call
+        pre_call(h, "sheddable")
+    assert shed.value.status_code == 429
+
+
+def test_a_callers_own_stash_is_dropped_so_it_cannot_borrow_a_tenant_or_pool():
+    h = hook()
+    forged = {"task_id": "t", "request_id": "r", "attempt": 1, "step": 0, "tenant": "someone-else", "priority":
+              "critical", "pool": "victim", "model": "victim", "slo_ttft_s": 1.0, "slo_tpot_s": 0.1, "final": True}
+    embedding = {"model": "hot", "metadata": {"sluice_call": dict(forged)}}
+    asyncio.run(h.async_pre_call_hook(KEY, None, embedding, "aembedding"))
+    assert "sluice_call" not in embedding["metadata"]
+    completion = data("critical") | {"metadata": {"sluice_call": dict(forged)}}
+    stashed = asyncio.run(h.async_pre_call_hook(KEY, None, completion, "acompletion"))["metadata"]["sluice_call"]
+    assert (stashed["tenant"], stashed["pool"]) == ("team-a", "hot")
 
 
 def test_without_kafka_or_a_signal_every_call_goes_through_and_fast():

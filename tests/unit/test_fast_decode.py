@@ -106,3 +106,14 @@ def test_mutated_documents(schema, data):
 def test_duplicate_keys_read_the_same_in_both():
     value = orjson.dumps(request_event()).replace(b"{", b'{"attempt":7,', 1)
     assert agrees("request_event", value)
+
+
+def test_large_integers_in_number_fields_stay_exact():
+    from pipeline.sim.specimens import replica_sample
+
+    doc = replica_sample()
+    doc["prompt_tokens_total"] = 10**18 + 1   # out of range, though a float would round it to 1e18
+    assert not agrees("replica_sample", orjson.dumps(doc))
+    doc["prompt_tokens_total"] = 2**53 + 1
+    assert agrees("replica_sample", orjson.dumps(doc)) and FAST["replica_sample"].document(
+        orjson.dumps(doc))["prompt_tokens_total"] == 2**53 + 1

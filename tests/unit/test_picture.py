@@ -290,3 +290,21 @@ def test_a_replica_silent_for_twice_the_threshold_leaves_the_kv_mean():
     snap = state.snapshot(config)
     assert snap["replicas"]["stale"] == 2
     assert snap["axes"]["kv_cache"]["value"] == pytest.approx((0.4 + 1.0) / 2)
+
+
+def test_ttft_censoring_and_first_token_counts():
+    """First tokens without a TTFT do not switch the latency axis to an empty first-token sketch; a timeout
+    before a first token counts at its duration; a failure after one (it carries its TTFT) does not."""
+    from pipeline.events import RequestEvent
+    from pipeline.load.aggregates import RequestAgg
+    from pipeline.sim.specimens import request_event
+
+    agg = RequestAgg()
+    agg.fold(RequestEvent(**request_event(phase="first_token", ttft_s=None)))
+    assert agg.counts["first_tokens"] == 1 and agg.counts["first_token_ttfts"] == 0
+    agg.fold(RequestEvent(**request_event(phase="cancelled", ttft_s=None, tpot_s=None, duration_s=10.0,
+                                          error_type="timeout")))
+    agg.fold(RequestEvent(**request_event(phase="failed", ttft_s=0.4, tpot_s=None, duration_s=30.0,
+                                          error_type="timeout")))
+    assert agg.counts["timeouts"] == 1 and agg.sketches["ttft"].count == 1
+    assert agg.sketches["ttft"].quantile(0.5) == pytest.approx(10.0, rel=0.02)
