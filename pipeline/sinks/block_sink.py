@@ -21,7 +21,7 @@ from ..events import AdmissionSignal
 from ..ingest import Record, RecentIds, TimeBounds
 from ..settings import Settings
 from . import positions
-from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, cut_block, refused_by_store
+from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks, refused_by_store
 from .clickhouse import ClickHouseSink
 from .store import Store, StoreRejected
 
@@ -60,7 +60,7 @@ class BlockSink:
             cursor = self.cursors.setdefault(where, PartitionCursor())
             seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
             skipped = cursor.skipped
-            made.append(cut_block(cls, recs, cursor, s.max_event_bytes, now_ms, seen, self.bounds))
+            made += cut_blocks(cls, recs, cursor, s.max_event_bytes, now_ms, seen, self.bounds)
             if cursor.skipped > skipped:
                 metrics.EVENTS_ALREADY_LANDED.labels(where[0]).inc(cursor.skipped - skipped)
         self._gather(made)
@@ -77,6 +77,9 @@ class BlockSink:
             else:
                 if open_block is not None:
                     self._due.append(self.open_blocks.pop(where))
+                if block.sealed:
+                    self._due.append(block)
+                    continue
                 self.open_blocks[where] = open_block = block
             if open_block.size >= self.settings.sink_block_rows:
                 self._due.append(self.open_blocks.pop(where))
@@ -164,13 +167,16 @@ class BlockSink:
         s = self.settings
         table = TABLE_OF[cls]
         where = (topic, partition)
+        last = await self.sink.call("resume", positions.last_block, self.store, table, topic, partition, committed)
         landed = await self.sink.call("resume", positions.landed_ranges, self.store, table, topic, partition,
                                       committed)
-        if s.dedup_recent_ids:
+        others = await self.sink.call("resume", positions.landed_ranges, self.store, table, topic, partition,
+                                      last[0], last[0]) if last else []
+        if s.dedup_recent_ids:  # the ids before the replayed block: its own rows must decode as they did
             ids = await self.sink.call("resume", positions.recent_ids, self.store, table, topic, partition,
-                                       s.dedup_recent_ids)
+                                       s.dedup_recent_ids, last[0] if last else None)
             self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
-        self.cursors[where] = PartitionCursor(landed)
+        self.cursors[where] = PartitionCursor(landed, last, others)
         if landed:
             log.info("landing resumes %s/%d at %d; the store holds %d offset run(s) after it, up to %d",
                      topic, partition, committed, len(landed), landed[-1][1])

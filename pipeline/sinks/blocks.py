@@ -50,6 +50,7 @@ class BlockOutcome:
     newest_event_ms: int = 0
     oldest_event_ms: int = 0
     holes: bool = False       # records in its range were skipped as landed already (after a restart)
+    sealed: bool = False      # the replayed last block: lands alone, on exactly its old boundaries
     offsets: array = field(default_factory=lambda: array("q"), repr=False)  # of the records it lands
     opened_at: float = 0.0    # monotonic time it started accumulating (set by the sink)
 
@@ -69,7 +70,7 @@ class BlockOutcome:
         return len(self.rows) + len(self.dead_letter_rows)
 
     def follows(self, other: "BlockOutcome") -> bool:
-        return self.start > other.end and self.table == other.table
+        return not self.sealed and not other.sealed and self.start > other.end and self.table == other.table
 
     def absorb(self, later: "BlockOutcome") -> None:
         """Grow this block by the next one of the same partition (the sink lands thousands of rows at once)."""
@@ -159,22 +160,52 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
 
 
 class PartitionCursor:
-    """Drops the records of one partition that the store already holds; what is left is one block.
+    """Cuts one partition's records into blocks after a restart; normally what arrived is one block.
 
-    ``landed`` (from ``positions.landed_ranges`` when the partition was
-    assigned) only covers offsets up to the newest landed row; once the
-    partition's records pass it, the cursor keeps everything.
+    ``replay`` (start, end) is the last block the store holds after the
+    committed offset: its records are held until the block is complete and
+    re-sent on exactly its old boundaries, unfiltered, so its inserts repeat
+    their tokens (a crash may have cut it between a table and its view). The
+    other records whose offsets the store holds (``landed``, from
+    ``positions.landed_ranges``) are dropped, whatever their block boundaries.
     """
 
-    def __init__(self, landed: list[tuple[int, int]] | None = None) -> None:
+    def __init__(self, landed: list[tuple[int, int]] | None = None, replay: tuple[int, int] | None = None,
+                 landed_by_others: list[tuple[int, int]] | None = None) -> None:
         self.landed = list(landed or ())
+        self.replay = replay
+        # what other blocks landed inside the replayed one's range (a block cut after an earlier restart):
+        # the replay repeats exactly what it held the first time
+        self.landed_by_others = list(landed_by_others or ())
+        self.held: list[Record] = []
         self.skipped = 0  # records dropped as landed already
 
-    def cut(self, records: list[Record]) -> list[Record]:
-        """The records still to land."""
-        if not self.landed or not records:
+    def cut(self, records: list[Record]) -> list[tuple[list[Record], bool]]:
+        """The records as runs in offset order, each with whether it is the replayed block (complete,
+        unfiltered); the other runs still hold every record (``unlanded`` filters them)."""
+        if self.replay is None or not records:
+            return [(records, False)] if records else []
+        start, end = self.replay
+        before = [r for r in records if r.offset < start]
+        inside = [r for r in records if start <= r.offset <= end]
+        after = [r for r in records if r.offset > end]
+        runs = [(before, False)] if before else []
+        if not self.held and inside and inside[0].offset > start or not self.held and not inside and after:
+            self.replay = None   # its start is gone (retention, or a commit inside it): skipping covers it
+            return runs + [(inside + after, False)]
+        self.held += inside
+        if (self.held and self.held[-1].offset >= end) or after:
+            runs.append((self.held, True))
+            self.held, self.replay = [], None
+            if after:
+                runs.append((after, False))
+        return runs
+
+    def unlanded(self, records: list[Record], ranges: list[tuple[int, int]] | None = None) -> list[Record]:
+        """``records`` without those whose offsets the store holds (``ranges``, by default ``landed``)."""
+        ranges = self.landed if ranges is None else ranges
+        if not ranges or not records:
             return records
-        ranges = self.landed
         while ranges and ranges[0][1] < records[0].offset:
             ranges.pop(0)
         kept: list[Record] = []
@@ -188,18 +219,27 @@ class PartitionCursor:
         return kept
 
 
-def cut_block(cls: type, records: list[Record], cursor: PartitionCursor, max_bytes: int, now_ms: int,
-              seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
-    """One fetched run of a partition's records as a block, without the records the store holds.
-
-    The block spans every offset of the run, so landing it moves the
-    partition's commit past the skipped records too — also when none is left.
-    """
-    kept = cursor.cut(records)
-    first, last = records[0], records[-1]
-    if kept:
-        out = process_block(cls, kept, max_bytes, now_ms, seen, bounds=bounds)
-    else:
-        out = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, first.offset, last.offset)
-    out.start, out.end, out.holes = first.offset, last.offset, len(kept) < len(records)
+def cut_blocks(cls: type, records: list[Record], cursor: PartitionCursor, max_bytes: int, now_ms: int,
+               seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> list[BlockOutcome]:
+    """One fetched run of a partition's records as blocks: the replayed block on its old boundaries when it
+    completes, the others without the records the store holds. Each of those spans every offset of its
+    run, so landing it moves the partition's commit past the skipped records too — also when none is left."""
+    out = []
+    replay = cursor.replay
+    for run, sealed in cursor.cut(records):
+        if sealed:   # it repeats exactly what it held the first time
+            kept = cursor.unlanded(run, cursor.landed_by_others)
+            block = process_block(cls, kept, max_bytes, now_ms, seen, bounds=bounds) if kept else \
+                BlockOutcome(TABLE_OF[cls], run[0].topic, run[0].partition, replay[0], replay[1])
+            block.start, block.end, block.sealed, block.holes = replay[0], replay[1], True, len(kept) < len(run)
+            out.append(block)
+            continue
+        kept = cursor.unlanded(run)
+        first, last = run[0], run[-1]
+        if kept:
+            block = process_block(cls, kept, max_bytes, now_ms, seen, bounds=bounds)
+        else:
+            block = BlockOutcome(TABLE_OF[cls], first.topic, first.partition, first.offset, last.offset)
+        block.start, block.end, block.holes = first.offset, last.offset, len(kept) < len(run)
+        out.append(block)
     return out

@@ -7,7 +7,11 @@ only remembered for the last blocks of a table. So a newly assigned
 partition asks the store which of its source offsets are in the event table
 or in ``dead_letters`` (every record becomes exactly one of those rows, or
 none when it was a re-sent duplicate) and skips those records, whatever the
-boundaries the blocks had.
+boundaries the blocks had — except the last block landed after the committed
+offset, which is re-sent whole on its old boundaries with its old token: a
+crash can cut an insert between its table and a materialized view
+(``pool_minute``), and only a repeat of the same insert repairs the view
+(the table drops it as a duplicate, the view inserts what it missed).
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ def _where(topic: str, partition: int) -> str:
     return f"source_topic = '{topic}' AND source_partition = {int(partition)}"
 
 
-def landed_ranges(store: Store, table: str, topic: str, partition: int, since: int) -> Ranges:
+def landed_ranges(store: Store, table: str, topic: str, partition: int, since: int,
+                  except_block: int | None = None) -> Ranges:
     """Source offsets at or after ``since`` that the store holds (in ``table`` or as dead letters),
-    as runs of consecutive offsets: normally one run, from the last commit to the newest landed row."""
+    as runs of consecutive offsets: normally one run, from the last commit to the newest landed row.
+    Rows of the block starting at ``except_block`` (the one replayed whole) are left out."""
     where = f"{_where(topic, partition)} AND source_offset >= {int(since)}"
+    if except_block is not None:
+        where += f" AND block_start != {int(except_block)}"
     rows = store.query(
         "SELECT min(o) AS first, max(o) AS last FROM ("
         "SELECT o, toInt64(o) - toInt64(row_number() OVER (ORDER BY o)) AS run FROM ("
@@ -37,11 +45,26 @@ def landed_ranges(store: Store, table: str, topic: str, partition: int, since: i
     return [(int(r["first"]), int(r["last"])) for r in rows]
 
 
-def recent_ids(store: Store, table: str, topic: str, partition: int, limit: int) -> list[str]:
-    """Event ids of the partition's newest ``limit`` landed rows, oldest first."""
+def last_block(store: Store, table: str, topic: str, partition: int, since: int) -> tuple[int, int] | None:
+    """The landed block with the highest start at or after offset ``since``, as (start, end): the one a
+    crash may have cut between its tables, or between a table and its materialized view."""
+    where = f"{_where(topic, partition)} AND block_start >= {int(since)}"
+    rows = store.query(
+        f"SELECT block_start, max(block_end) AS block_end FROM ("
+        f"SELECT block_start, block_end FROM {table} WHERE {where} "
+        f"UNION ALL SELECT block_start, block_end FROM {DEAD_LETTER_TABLE} WHERE {where}) "
+        f"GROUP BY block_start ORDER BY block_start DESC LIMIT 1")
+    return (int(rows[0]["block_start"]), int(rows[0]["block_end"])) if rows else None
+
+
+def recent_ids(store: Store, table: str, topic: str, partition: int, limit: int,
+               before: int | None = None) -> list[str]:
+    """Event ids of the partition's newest ``limit`` landed rows (from offsets before ``before``), oldest
+    first."""
     if limit <= 0:
         return []
+    bound = f" AND source_offset < {int(before)}" if before is not None else ""
     rows = store.query(
-        f"SELECT toString(event_id) AS id FROM {table} WHERE {_where(topic, partition)} "
+        f"SELECT toString(event_id) AS id FROM {table} WHERE {_where(topic, partition)}{bound} "
         f"ORDER BY source_offset DESC LIMIT {int(limit)}")
     return [r["id"] for r in reversed(rows)]

@@ -187,7 +187,9 @@ def test_store_outage_costs_analysts_fresh_rows_never_the_fleet_its_admission_co
     lags = {"picture": (picture_p99(baseline), picture_p99(outage)),
             "decision": (baseline["decision_p99"], outage["decision_p99"])}
     for name, (up, down) in lags.items():
-        assert down <= max(1.5 * up, up + 0.5) and down <= LAG_BOUND_S, f"{name} lag p99 store up/down: {lags}"
+        # p99s of a few hundred samples on a shared 2-core host move by up to a second between runs with the
+        # store up (measured 0.49–1.79 s for decisions): the bound is that much, and LAG_BOUND_S absolute
+        assert down <= max(1.5 * up, up + 1.0) and down <= LAG_BOUND_S, f"{name} lag p99 store up/down: {lags}"
     rss = outage["rss"]
     settled = [mib for t, mib in rss if t >= OUTAGE_S / 3]
     assert max(settled) - settled[0] < 100, f"worker memory bounded while held: {rss}"

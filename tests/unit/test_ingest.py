@@ -69,22 +69,39 @@ def offsets_of(kept):
 
 
 def test_cursor_without_landed_offsets_keeps_what_arrived():
-    assert offsets_of(PartitionCursor().cut(recs([5, 6, 7]))) == [5, 6, 7]
+    assert offsets_of(PartitionCursor().unlanded(recs([5, 6, 7]))) == [5, 6, 7]
 
 
 def test_cursor_drops_offsets_the_store_holds_whatever_the_block_boundaries():
     cursor = PartitionCursor([(10, 12), (14, 14)])
-    assert offsets_of(cursor.cut(recs([11, 12]))) == []
-    assert offsets_of(cursor.cut(recs([13, 14, 15]))) == [13, 15]
-    assert offsets_of(cursor.cut(recs([16, 17]))) == [16, 17]
+    assert offsets_of(cursor.unlanded(recs([11, 12]))) == []
+    assert offsets_of(cursor.unlanded(recs([13, 14, 15]))) == [13, 15]
+    assert offsets_of(cursor.unlanded(recs([16, 17]))) == [16, 17]
     assert cursor.skipped == 3 and cursor.landed == []
 
 
 def test_a_block_of_only_landed_records_still_moves_the_commit():
-    from pipeline.sinks.blocks import cut_block
+    from pipeline.sinks.blocks import cut_blocks
 
-    out = cut_block(RequestEvent, recs([5, 6, 7]), PartitionCursor([(0, 9)]), 1 << 20, 0)
+    (out,) = cut_blocks(RequestEvent, recs([5, 6, 7]), PartitionCursor([(0, 9)]), 1 << 20, 0)
     assert (out.start, out.end, out.next_offset, out.rows, out.dead_letter_rows) == (5, 7, 8, [], [])
+
+
+def test_the_last_block_is_replayed_whole_on_its_old_boundaries_and_the_rest_skipped():
+    """A crash can cut the last block's insert between its table and the per-minute view: only the same
+    insert again (same boundaries, same token) repairs the view."""
+    cursor = PartitionCursor([(3, 9)], replay=(10, 14))
+    assert cursor.cut(recs([5, 6, 7, 8, 9, 10, 11])) == [(recs([5, 6, 7, 8, 9]), False)]
+    runs = cursor.cut(recs([12, 13, 14, 15]))
+    assert [([r.offset for r in run], sealed) for run, sealed in runs] == [([10, 11, 12, 13, 14], True), ([15], False)]
+    assert cursor.replay is None
+
+
+def test_a_replay_whose_start_is_gone_falls_back_to_skipping():
+    cursor = PartitionCursor([(3, 14)], replay=(10, 14))
+    assert [([r.offset for r in run], sealed) for run, sealed in cursor.cut(recs([12, 13, 14, 15]))] == [
+        ([12, 13, 14, 15], False)]
+    assert cursor.replay is None
 
 
 @given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10),
@@ -100,7 +117,7 @@ def test_cursor_keeps_exactly_the_offsets_not_landed_however_kafka_batches_them(
     offsets, cursor, kept, i = list(range(0, 70)), PartitionCursor(runs), [], 0
     while i < len(offsets):
         for size in sizes:
-            kept += offsets_of(cursor.cut(recs(offsets[i:i + size])))
+            kept += offsets_of(cursor.unlanded(recs(offsets[i:i + size])))
             i += size
     assert kept == [o for o in offsets if o not in set(covered)]
     assert cursor.skipped == len([o for o in covered if o < 70])
