@@ -22,6 +22,8 @@ from .contract import load_schema
 KNOWN = {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
          "maxLength", "pattern", "description", "examples"}
 TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
+META = {"minimum": "ge", "maximum": "le", "exclusiveMinimum": "gt", "exclusiveMaximum": "lt",
+        "minLength": "min_length", "maxLength": "max_length"}   # JSON Schema keyword → msgspec.Meta
 
 
 def _ecma(pattern: str) -> str:
@@ -40,19 +42,7 @@ def _annotation(name: str, spec: dict) -> Any:
     types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
     nullable = "null" in types
     (kind,) = [t for t in types if t != "null"]
-    meta = {}
-    if "minimum" in spec:
-        meta["ge"] = spec["minimum"]
-    if "maximum" in spec:
-        meta["le"] = spec["maximum"]
-    if "exclusiveMinimum" in spec:
-        meta["gt"] = spec["exclusiveMinimum"]
-    if "exclusiveMaximum" in spec:
-        meta["lt"] = spec["exclusiveMaximum"]
-    if "minLength" in spec:
-        meta["min_length"] = spec["minLength"]
-    if "maxLength" in spec:
-        meta["max_length"] = spec["maxLength"]
+    meta = {name: spec[keyword] for keyword, name in META.items() if keyword in spec}
     if "pattern" in spec:
         meta["pattern"] = _ecma(spec["pattern"])
     if kind == "number":  # an integer stays an exact int (a float would round 10**18 + 1 into range)

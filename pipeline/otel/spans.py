@@ -386,24 +386,23 @@ def _any_value(attrs: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
     return None
 
 
-def _string(attrs: Mapping[str, Any], key: str) -> str | None:
+def _typed(attrs: Mapping[str, Any], key: str, expected: str, py_type: type, label: str) -> Any:
+    """The attribute's value when it holds an AnyValue of kind ``expected``; None when absent."""
     found = _any_value(attrs, key)
     if found is None:
         return None
     kind, raw = found
-    if kind != "stringValue" or type(raw) is not str:
-        raise Invalid("wrong_type", f"attribute {key} must be a string (stringValue), got {kind} {describe(raw)}")
+    if kind != expected or type(raw) is not py_type:
+        raise Invalid("wrong_type", f"attribute {key} must be {label} ({expected}), got {kind} {describe(raw)}")
     return raw
+
+
+def _string(attrs: Mapping[str, Any], key: str) -> str | None:
+    return _typed(attrs, key, "stringValue", str, "a string")
 
 
 def _boolean(attrs: Mapping[str, Any], key: str) -> bool | None:
-    found = _any_value(attrs, key)
-    if found is None:
-        return None
-    kind, raw = found
-    if kind != "boolValue" or type(raw) is not bool:
-        raise Invalid("wrong_type", f"attribute {key} must be a boolean (boolValue), got {kind} {describe(raw)}")
-    return raw
+    return _typed(attrs, key, "boolValue", bool, "a boolean")
 
 
 def _integer(attrs: Mapping[str, Any], key: str) -> int | None:

@@ -99,15 +99,20 @@ def test_worker_lands_every_valid_once_and_dead_letters_every_invalid(settings, 
     assert check_dead_letters(settings, expected_reason) == INVALID
 
 
-def test_a_batch_redelivered_after_a_crash_before_commit_lands_nothing_twice(settings, worker_factory):
-    """Landed but not committed: the group's offsets are put back to 0, as if no commit had happened."""
+def landed_and_committed_once(settings, worker_factory):
+    """Every input produced, landed and committed by a worker that then stops: (valid events, raw topics)."""
     valid, stream, bad, _ = make_inputs(settings)
     run(topics.ensure_topics(settings, settings.kafka_bootstrap_servers))
     run(produce(settings, settings.kafka_bootstrap_servers, stream, paced=False, bad=bad))
     first = worker_factory().start()
     wait_for(lambda: all_consumed(settings), 120, message="everything landed and committed")
     first.stop()
-    raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
+    return valid, [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
+
+
+def test_a_batch_redelivered_after_a_crash_before_commit_lands_nothing_twice(settings, worker_factory):
+    """Landed but not committed: the group's offsets are put back to 0, as if no commit had happened."""
+    valid, raw = landed_and_committed_once(settings, worker_factory)
     run(rewind_group(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw))
     assert not all_consumed(settings)
 
@@ -124,13 +129,7 @@ def test_a_replay_from_inside_a_landed_block_or_after_retention_lands_nothing_tw
     """The committed offset is put a few records before each partition's end — inside a landed block —
     and on half the partitions the log start moves past it too (retention), so the replay starts where no
     block boundary or deduplication token can recognise it: only the store's own offsets can."""
-    valid, stream, bad, _ = make_inputs(settings)
-    run(topics.ensure_topics(settings, settings.kafka_bootstrap_servers))
-    run(produce(settings, settings.kafka_bootstrap_servers, stream, paced=False, bad=bad))
-    first = worker_factory().start()
-    wait_for(lambda: all_consumed(settings), 120, message="everything landed and committed")
-    first.stop()
-    raw = [topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)]
+    valid, raw = landed_and_committed_once(settings, worker_factory)
     inside = run(rewind_group(settings.kafka_bootstrap_servers, topics.landing_group(settings), raw,
                               to=lambda tp, end: max(0, end - 7 - tp.partition)))
     run(delete_before(settings.kafka_bootstrap_servers, {tp: o for tp, o in inside.items() if tp.partition % 2}))
