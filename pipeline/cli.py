@@ -228,7 +228,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
         first, _, last = args.seeds.partition("-")
         rows = compare_seeds(names, fleet, range(int(first), int(last or first) + 1), _settings())
     else:
-        rows = compare(names, fleet, _settings(), Path(args.charts) if args.charts else None)
+        from .sim.chart import ChartsUnavailable
+
+        try:
+            rows = compare(names, fleet, _settings(), Path(args.charts) if args.charts else None)
+        except ChartsUnavailable as exc:
+            print(f"sluice sim: {exc}", file=sys.stderr)
+            return 2
     if args.goals:
         from .sim.goals import check
 

@@ -30,6 +30,7 @@ def _step(text: str) -> None:
 def run_demo(settings: Settings, seconds: float = 180.0) -> int:
     from .cost import price_table
     from .report import pool_report
+    from .sim.chart import ChartsUnavailable
     from .sim.live import console_display, run_live
     from .sim.scenarios import (POOL, SCENARIOS, Fleet, draw, reference_capacity, run_controllers, slo_capacity,
                                 sluice_settings)
@@ -87,8 +88,12 @@ def run_demo(settings: Settings, seconds: float = 180.0) -> int:
               f"({reference.slo_goodput:.1f} SLO-successful tasks/s)")
         chart = settings.state_dir / "demo" / "replica-loss.png"
         chart.parent.mkdir(parents=True, exist_ok=True)
-        draw(chart, "replica-loss: sluice vs baselines", {label: sim for label, (sim, _) in runs.items()}, seconds)
-        print(f"chart: {chart}")
+        try:
+            draw(chart, "replica-loss: sluice vs baselines", {label: sim for label, (sim, _) in runs.items()},
+                 seconds, scenario, fleet.replicas)
+            print(f"chart: {chart}")
+        except ChartsUnavailable as exc:
+            print(f"chart: skipped, {exc}")
 
         _step("`sluice report`, from ClickHouse")
         expected = live_sim.stats.published

@@ -11,6 +11,7 @@ from that load test; nothing else about the controller is fitted.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -23,7 +24,7 @@ from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess
 from .fleet import ClientPolicy, FleetEvent, FleetSim, Sibling
-from .chart import Panel, render
+from .chart import MISSING, ChartsUnavailable, Incident, Panel, available, render
 from .outcome import Outcome, summarise, timeline
 from .replay import load_trace
 from .replica import Hardware
@@ -220,8 +221,11 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
             charts: Path | None = None) -> list[dict]:
     """Every scenario under every controller, in-process; one row per (scenario, controller).
 
-    With ``charts``, each scenario's timeline is drawn to ``charts/<scenario>.png``.
+    With ``charts``, each scenario's timeline is drawn to ``charts/<scenario>.png`` (``ChartsUnavailable``
+    before anything runs when matplotlib is not installed).
     """
+    if charts is not None and not available():
+        raise ChartsUnavailable(MISSING)
     rows = []
     for name in names:
         scenario = SCENARIOS[name]
@@ -239,7 +243,9 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
             rows.append(row)
         if charts is not None:
             charts.mkdir(parents=True, exist_ok=True)
-            draw(charts / f"{name}.png", name, {label: sim for label, (sim, _) in runs.items()}, fleet.duration_s)
+            draw(charts / f"{name}.png", f"{name}: {scenario.description}",
+                 {label: sim for label, (sim, _) in runs.items()}, fleet.duration_s, scenario,
+                 fleet.replicas)
     return rows
 
 
@@ -265,12 +271,35 @@ def compare_seeds(names: tuple[str, ...], fleet: Fleet, seeds: range, settings: 
     return sorted(rows, key=lambda r: (r["seed"], order[r["scenario"]]))
 
 
-def draw(path: Path, title: str, sims: dict, duration_s: float) -> Path:
-    """Goodput, admitted share and KV usage over time, one line per controller."""
+def incidents(scenario: Scenario, duration_s: float, replicas: int = 10) -> tuple[Incident, ...]:
+    """What the scenario does to the pool, for the chart: the spike, the replicas lost, the longer prompts."""
+    out = []
+    if scenario.spike_load is not None:
+        out.append(Incident(f"spike: {scenario.spike_load:g}× SLO capacity", scenario.spike_from_s,
+                            min(scenario.spike_to_s, duration_s)))
+    lost = scenario.lost(replicas)
+    if lost:
+        back = scenario.back_at_s
+        markers = ((back, "replicas back, cold"),) if back is not None and back < duration_s else ()
+        out.append(Incident(f"{lost} of {replicas} replicas lost", scenario.lose_at_s,
+                            back if back is not None and back < duration_s else duration_s, markers))
+    if scenario.long_context_from_s is not None:
+        factor = inspect.signature(FleetSim).parameters["long_context_factor"].default   # build_sim keeps it
+        out.append(Incident(f"prompts {factor:g}× longer", scenario.long_context_from_s, duration_s))
+    return tuple(i for i in out if i.start_s < duration_s)
+
+
+def draw(path: Path, title: str, sims: dict, duration_s: float, scenario: Scenario | None = None,
+         replicas: int = Fleet().replicas) -> Path:
+    """Goodput, admitted share and KV usage over time, one line per controller, the scenario's incidents
+    marked; raises ``chart.ChartsUnavailable`` without matplotlib."""
     lines = {label: timeline(sim, duration_s) for label, sim in sims.items()}
     top = max([y for series in lines.values() for _, y in series["slo_goodput"]] + [1.0])
-    panels = [Panel("SLO-goodput (tasks/s, 10 s mean)", {k: v["slo_goodput"] for k, v in lines.items()},
-                    round(top * 1.1 + 0.5)),
-              Panel("admitted share of requests", {k: v["admit_fraction"] for k, v in lines.items()}, 1.0),
-              Panel("KV cache usage (mean of live replicas)", {k: v["kv_usage"] for k, v in lines.items()}, 1.0)]
-    return render(path, title, panels, duration_s)
+    panels = [Panel("SLO-goodput: tasks completed within their TTFT SLO (10 s moving mean)",
+                    {k: v["slo_goodput"] for k, v in lines.items()}, round(top * 1.1 + 0.5), "tasks/s"),
+              Panel("admitted share of the router's decisions (10 s moving mean)",
+                    {k: v["admit_fraction"] for k, v in lines.items()}, 1.05, "share (0–1)"),
+              Panel("KV cache usage, mean of live replicas", {k: v["kv_usage"] for k, v in lines.items()}, 1.05,
+                    "usage (0–1)")]
+    marks = incidents(scenario, duration_s, replicas) if scenario is not None else ()
+    return render(path, title, panels, duration_s, incidents=marks)
