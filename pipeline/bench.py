@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer
 
 from . import topics
 from .devstack.kafka import bootstrap_servers
+from .kafka_clients import client_options
 from .settings import Settings
 from .topic_reader import open_from_beginning
 from .sim.producer import produce
@@ -42,10 +43,10 @@ from .sim.replay import generate, load_trace
 from .worker_process import WorkerProcess
 
 
-async def raw_consume_decode(bootstrap: str, topic: str, expected: int) -> float:
+async def raw_consume_decode(settings: Settings, bootstrap: str, topic: str, expected: int) -> float:
     """Seconds for a bare aiokafka consumer to fetch and orjson-decode ``expected`` records."""
     consumer, _ = await open_from_beginning(bootstrap, topic, max_partition_fetch_bytes=4 * 1024 * 1024,
-                                            fetch_max_bytes=64 * 1024 * 1024)
+                                            fetch_max_bytes=64 * 1024 * 1024, **client_options(settings))
     try:
         seen = 0
         started = time.perf_counter()
@@ -105,7 +106,8 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
     started = time.perf_counter()
     asyncio.run(produce(run_settings, bootstrap, valid, paced=False))
     produce_s = time.perf_counter() - started
-    raw_s = asyncio.run(raw_consume_decode(bootstrap, topics.REQUESTS.name(run_settings), len(valid)))
+    raw_s = asyncio.run(raw_consume_decode(run_settings, bootstrap, topics.REQUESTS.name(run_settings),
+                                           len(valid)))
 
     procs = [WorkerProcess(replace(run_settings, web_port=_free_port()), work_dir / f"{ns}-{role}-{i}.log")
              for i in range(workers)]
@@ -326,7 +328,7 @@ async def _collect_lags(settings: Settings, bootstrap: str, stop: asyncio.Event)
     """published_at − watermark of every picture published until ``stop`` is set."""
     topic = topics.LOAD.name(settings)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest",
-                                group_id=f"{settings.app_id}-lag-reader")
+                                group_id=f"{settings.app_id}-lag-reader", **client_options(settings))
     await consumer.start()
     lags: list[float] = []
     try:

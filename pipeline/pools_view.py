@@ -14,6 +14,7 @@ from typing import Any
 
 
 from . import topics
+from .kafka_clients import client_options
 from .load.picture import AXES, read_picture
 from .settings import Settings
 from .topic_reader import open_from_beginning, read_to_end
@@ -69,7 +70,7 @@ def absorb(pictures: dict, batch: dict) -> None:
 
 async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float = 10.0) -> dict[str, dict]:
     """The newest picture of every pool, read from the compacted topic up to its end at call time."""
-    consumer, ends = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
+    consumer, ends = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
     pictures: dict[str, dict] = {}
     try:
         await read_to_end(consumer, ends, lambda batch: absorb(pictures, batch), timeout_s)
@@ -80,7 +81,7 @@ async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float =
 
 async def top(settings: Settings, bootstrap: str, refresh_s: float = 1.0, iterations: int | None = None) -> None:
     """Redraw the pools table every ``refresh_s`` until interrupted (or ``iterations`` redraws)."""
-    consumer, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
+    consumer, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
     pictures: dict[str, dict] = {}
     use_colour = sys.stdout.isatty()
     drawn = 0

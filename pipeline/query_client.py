@@ -25,9 +25,9 @@ class QueryFailed(RuntimeError):
 def run_query(settings: Settings, sql: str, url: str | None = None) -> tuple[list[dict[str, Any]], bool]:
     """(rows, truncated)."""
     if settings.clickhouse_url and url is None:
-        from .sinks.store import ClickHouseStore, StoreQueryError
+        from .sinks.store import StoreQueryError, open_store
 
-        store = ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
+        store = open_store(settings)
         try:
             rows = store.read_only(sql, ReadLimits.of(settings))
         except (QueryRefused, StoreQueryError) as exc:

@@ -22,7 +22,9 @@ ENV_PREFIX = "SLUICE_"
 CONFIG_FILE_ENV = "SLUICE_CONFIG"
 ALIASES = {"kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "clickhouse_url": "CLICKHOUSE_URL",
            "clickhouse_user": "CLICKHOUSE_USER", "clickhouse_password": "CLICKHOUSE_PASSWORD"}
-SECRET_SETTINGS = {"clickhouse_password", "signing_keys", "query_token"}
+SECRET_SETTINGS = {"clickhouse_password", "signing_keys", "query_token", "kafka_sasl_password"}
+KAFKA_TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+KAFKA_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 
 
 class SettingsError(ValueError):
@@ -38,6 +40,27 @@ class Settings:
     kafka_bootstrap_servers: str = field(default="", metadata=_doc(
         "Kafka bootstrap servers (host:port,...). Empty: use the broker that "
         "`sluice kafka start` recorded in the state directory."))
+    kafka_security_protocol: str = field(default="PLAINTEXT", metadata=_doc(
+        "How every Sluice Kafka client connects: `PLAINTEXT`, `SSL` (TLS), `SASL_PLAINTEXT` or `SASL_SSL` "
+        "(SASL over TLS: production). See docs/security.md.",
+        choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")))
+    kafka_sasl_mechanism: str = field(default="SCRAM-SHA-512", metadata=_doc(
+        "SASL mechanism with a `SASL_*` protocol (`PLAIN` sends the password itself: only over TLS).",
+        choices=("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")))
+    kafka_sasl_username: str = field(default="", metadata=_doc(
+        "SASL principal of this process (`sluice` workers, `router`, `gpu-agent`); required with `SASL_*`."))
+    kafka_sasl_password: str = field(default="", metadata=_doc(
+        "SASL password; required with `SASL_*`. Never logged."))
+    kafka_ssl_ca_file: str = field(default="", metadata=_doc(
+        "PEM CA bundle that verifies the brokers' certificates (`SSL`, `SASL_SSL`). Empty: the system "
+        "trust store."))
+    kafka_ssl_cert_file: str = field(default="", metadata=_doc(
+        "PEM client certificate for mutual TLS (with `kafka_ssl_key_file`); empty: none."))
+    kafka_ssl_key_file: str = field(default="", metadata=_doc(
+        "Unencrypted PEM private key of `kafka_ssl_cert_file` (may be the same file)."))
+    kafka_ssl_check_hostname: bool = field(default=True, metadata=_doc(
+        "Check that a broker's certificate names the host connected to. Off only for brokers reached by "
+        "an address their certificates do not list; the chain is verified either way."))
     kafka_version: str = field(default="4.1.1", metadata=_doc(
         "Apache Kafka release the devstack fetches from Maven Central."))
     kafka_heap_mb: int = field(default=768, metadata=_doc(
@@ -55,6 +78,10 @@ class Settings:
     topic_replication_factor: int = field(default=1, metadata=_doc(
         "Replication factor of topics Sluice creates (1 for the devstack, 3 in production).",
         min=1, max=16))
+    topic_min_insync_replicas: int = field(default=2, metadata=_doc(
+        "`min.insync.replicas` of every topic Sluice creates (its own and Faust's changelog) when "
+        "`topic_replication_factor` is above 1: an acks=all write needs this many replicas, so one broker "
+        "can die without losing an acknowledged record. At most `topic_replication_factor`.", min=1, max=16))
     app_id: str = field(default="sluice", metadata=_doc(
         "Faust application id: consumer group and changelog topic prefix.",
         pattern=r"[A-Za-z0-9._-]+"))
@@ -115,6 +142,11 @@ class Settings:
         "ClickHouse server user (server backend only)."))
     clickhouse_password: str = field(default="", metadata=_doc(
         "ClickHouse server password (server backend only; never logged)."))
+    clickhouse_ca_file: str = field(default="", metadata=_doc(
+        "PEM CA bundle that verifies an `https://` `clickhouse_url`. Empty: the system trust store."))
+    clickhouse_verify: bool = field(default=True, metadata=_doc(
+        "Verify an `https://` ClickHouse server's certificate and host name. Off: encrypted but "
+        "unauthenticated (a warning is logged)."))
     chdb_path: str = field(default="", metadata=_doc(
         "Embedded ClickHouse data directory. Empty: `<state_dir>/chdb`."))
     log_level: str = field(default="info", metadata=_doc(
@@ -197,6 +229,15 @@ class Settings:
         if not self.query_token and not _loopback(self.web_host):
             raise SettingsError(f"web_host={self.web_host} is not a loopback address: set query_token so that "
                                 "the read-only /query endpoint is not open to the network")
+        if self.topic_replication_factor > 1 and self.topic_min_insync_replicas > self.topic_replication_factor:
+            raise SettingsError(f"setting topic_min_insync_replicas={self.topic_min_insync_replicas} is above "
+                                f"topic_replication_factor={self.topic_replication_factor}: no write could succeed")
+        _check_kafka_security(self)
+        _check_clickhouse_tls(self)
+
+    def __repr__(self) -> str:
+        """Secrets masked: settings end up in logs and tracebacks."""
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.redacted().items())})"
 
     @property
     def kafka_dir(self) -> Path:
@@ -214,6 +255,46 @@ class Settings:
             out[f.name] = "***" if f.name in SECRET_SETTINGS and value else (
                 str(value) if isinstance(value, Path) else value)
         return out
+
+
+def _check_kafka_security(s: Settings) -> None:
+    """Refuse a Kafka security configuration that would be ignored in part or cannot authenticate: a
+    setting silently not applied is an operator believing a connection is encrypted when it is not."""
+    protocol = s.kafka_security_protocol
+    if protocol in KAFKA_SASL_PROTOCOLS:
+        if not (s.kafka_sasl_username and s.kafka_sasl_password):
+            raise SettingsError(f"kafka_security_protocol={protocol} needs kafka_sasl_username and "
+                                "kafka_sasl_password")
+    elif s.kafka_sasl_username or s.kafka_sasl_password:
+        raise SettingsError(f"kafka_sasl_username/kafka_sasl_password are set but kafka_security_protocol="
+                            f"{protocol} does not use them: choose SASL_SSL")
+    tls_files = {"kafka_ssl_ca_file": s.kafka_ssl_ca_file, "kafka_ssl_cert_file": s.kafka_ssl_cert_file,
+                 "kafka_ssl_key_file": s.kafka_ssl_key_file}
+    if protocol not in KAFKA_TLS_PROTOCOLS:
+        given = [name for name, value in tls_files.items() if value]
+        if given:
+            raise SettingsError(f"{', '.join(given)} set but kafka_security_protocol={protocol} uses no TLS: "
+                                "choose SSL or SASL_SSL")
+        return
+    if bool(s.kafka_ssl_cert_file) != bool(s.kafka_ssl_key_file):
+        raise SettingsError("kafka_ssl_cert_file and kafka_ssl_key_file go together (mutual TLS); name the "
+                            "same file twice when one PEM holds both")
+    for name, value in tls_files.items():
+        _check_file(name, value)
+
+
+def _check_clickhouse_tls(s: Settings) -> None:
+    if s.clickhouse_url and not re.match(r"https?://", s.clickhouse_url):
+        raise SettingsError("clickhouse_url must start with http:// or https://")
+    if s.clickhouse_ca_file:
+        if not s.clickhouse_url.startswith("https://"):
+            raise SettingsError("clickhouse_ca_file is set but clickhouse_url is not an https:// URL")
+        _check_file("clickhouse_ca_file", s.clickhouse_ca_file)
+
+
+def _check_file(name: str, value: str) -> None:
+    if value and not os.path.isfile(os.path.expanduser(value)):
+        raise SettingsError(f"setting {name}={value!r}: no such file")
 
 
 def _loopback(host: str) -> bool:

@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from .. import topics
 from ..events import SCHEMA_VERSION, ReplicaSample, decode
+from ..kafka_clients import producer_options
 from ..metrics import REGISTRY
 from ..settings import Settings
 from .engine_metrics import ScrapeError, parse_dcgm, parse_engine
@@ -84,7 +85,7 @@ class Collector:
 async def run(settings: Settings, bootstrap: str, collector: Collector, interval_s: float,
               iterations: int | None = None) -> int:
     """Scrape and publish until cancelled (or ``iterations`` samples); returns samples published."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **producer_options(settings))
     await producer.start()
     topic = topics.REPLICAS.name(settings)
     key = collector.target.replica.encode()

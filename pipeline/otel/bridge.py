@@ -23,6 +23,7 @@ import orjson
 
 from .. import topics
 from ..events import Rejected, dead_letter
+from ..kafka_clients import producer_options
 from ..settings import Settings, SettingsError
 from .spans import MappingConfig, Mapped, map_request
 
@@ -93,8 +94,8 @@ class OtelBridge:
         s = self.settings
         consumer = batch_consumer(s, self.bootstrap, topics.otel_group(s))
         consumer.subscribe([self.source])
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, max_request_size=topics.dead_letter_max_bytes(s))
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5,
+                                    max_request_size=topics.dead_letter_max_bytes(s), **producer_options(s))
         await producer.start()
         try:
             await consumer.start()

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import orjson
 
 from .. import topics
+from ..kafka_clients import client_options, producer_options
 from ..settings import Settings
 from .decider import Decider
 from .signal_book import SignalBook
@@ -43,7 +44,8 @@ class RouterClient:
         """Read the compacted topic to its end (every pool's newest signal), then follow it."""
         from ..topic_reader import open_from_beginning, read_to_end
 
-        consumer, ends = await open_from_beginning(self.bootstrap, topics.ADMISSION.name(self.settings))
+        consumer, ends = await open_from_beginning(self.bootstrap, topics.ADMISSION.name(self.settings),
+                                                   **client_options(self.settings))
         await read_to_end(consumer, ends, self._absorb)
         self._consumer = consumer
         self._task = asyncio.create_task(self._follow())
@@ -93,8 +95,8 @@ class EventEmitter:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20, acks="all",
-                                          enable_idempotence=True)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20,
+                                          **producer_options(self.settings))
         await self._producer.start()
         self._task = asyncio.create_task(self._pump())
 

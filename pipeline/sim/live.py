@@ -19,6 +19,7 @@ import orjson
 
 from .. import topics
 from ..admission.keyring import active_key
+from ..kafka_clients import client_options
 from ..pools_view import absorb, format_table
 from ..router import Request, RouterClient, Verdict
 from ..settings import Settings
@@ -65,7 +66,7 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
                     start_ms=int(time.time() * 1000))
     producer = producer_for(settings, bootstrap)
     await producer.start()
-    follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings))
+    follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
     pictures: dict[str, dict] = {}
     requests_topic, replicas_topic = topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)
     started = time.monotonic()

@@ -11,6 +11,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from .. import topics
+from ..kafka_clients import producer_options
 from ..settings import Settings
 from .replay import Emitted
 
@@ -28,9 +29,9 @@ class Produced:
 
 
 def producer_for(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
-                            max_batch_size=262144,
-                            max_request_size=topics.raw_topic_max_bytes(settings) + 65536)
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=262144,
+                            max_request_size=topics.raw_topic_max_bytes(settings) + 65536,
+                            **producer_options(settings))
 
 
 async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted], paced: bool,

@@ -9,6 +9,8 @@ both.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import threading
 from pathlib import Path
@@ -19,6 +21,7 @@ import orjson
 from ..settings import Settings
 from .readonly import CATALOGUE_SQL, Allowed, QueryRefused, ReadLimits, check
 
+log = logging.getLogger(__name__)
 
 JSON_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
 
@@ -91,7 +94,8 @@ class ClickHouseStore:
     the directory lock of an embedded store, and how a query is made read-only.
     """
 
-    def __init__(self, dsn: str, user: str = "default", password: str = "") -> None:
+    def __init__(self, dsn: str, user: str = "default", password: str = "", ca_file: str = "",
+                 verify: bool = True) -> None:
         self._lock = threading.Lock()        # the writer client: inserts, migrations, the sink's queries
         self._read_lock = threading.Lock()   # the reader client: analysts' queries
         self._closed = False
@@ -115,6 +119,7 @@ class ClickHouseStore:
             self.backend = "server"
             self._where = "ClickHouse server"
             self._dsn, self._user, self._password = dsn, user, password
+            self._tls = _tls_options(dsn, ca_file, verify)
             try:
                 self._client = self._connect()
             except Exception as exc:  # the type only: the message may carry the URL's credentials
@@ -125,8 +130,8 @@ class ClickHouseStore:
         return cls(f"chdb://{Path(path).resolve()}")
 
     @classmethod
-    def server(cls, url: str, user: str, password: str) -> ClickHouseStore:
-        return cls(url, user, password)
+    def server(cls, url: str, user: str, password: str, ca_file: str = "", verify: bool = True) -> ClickHouseStore:
+        return cls(url, user, password, ca_file, verify)
 
     def _connect(self, **settings: Any):
         import clickhouse_connect
@@ -136,7 +141,7 @@ class ClickHouseStore:
             # the path as a keyword, not inside the DSN: a directory name is not parsed as a URL
             return clickhouse_connect.get_client(interface="chdb", path=str(self.path), settings=settings)
         return clickhouse_connect.get_client(dsn=self._dsn, username=self._user, password=self._password,
-                                             settings=settings)
+                                             settings=settings, **self._tls)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -251,7 +256,19 @@ def _locked_by_another_process(status_file: Path) -> bool:
     return False
 
 
+def _tls_options(dsn: str, ca_file: str, verify: bool) -> dict[str, Any]:
+    """clickhouse-connect options for a server URL. The scheme is passed as the interface because
+    clickhouse-connect does not read it from a DSN: ``https://host:9440`` would otherwise speak plain HTTP."""
+    if not dsn.startswith("https://"):
+        return {"interface": "http"}
+    if not verify:
+        log.warning("clickhouse_verify is off: the ClickHouse server's certificate is not checked")
+    return {"interface": "https", "verify": verify,
+            **({"ca_cert": os.path.expanduser(ca_file)} if ca_file and verify else {})}
+
+
 def open_store(settings: Settings) -> Store:
     if settings.clickhouse_url:
-        return ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password)
+        return ClickHouseStore.server(settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password,
+                                      settings.clickhouse_ca_file, settings.clickhouse_verify)
     return ClickHouseStore.embedded(settings.chdb_dir)

@@ -29,6 +29,7 @@ from ..admission.keyring import active_key
 from ..admission.policy import STATES, config_from
 from ..control_loop import ControlLoop, Signal
 from ..events import PRIORITIES
+from ..kafka_clients import client_options
 from ..load.config import PictureConfigs
 from ..load.partial import Partial
 from ..load.picture import AXES
@@ -52,6 +53,7 @@ def control_loop(settings: Settings) -> ControlLoop:
 
 class Stage2:
     def __init__(self, settings: Settings, table: Any, load_topic: Any, admission_topic: Any) -> None:
+        self.settings = settings
         self.loop = control_loop(settings)
         self.table = table
         self.load_topic = load_topic
@@ -154,7 +156,7 @@ class Stage2:
 
     async def follow_fleet(self, bootstrap: str, topic: str) -> None:
         """Keep every pool's newest picture, whichever worker computes it, for redirect decisions."""
-        consumer, _ = await open_from_beginning(bootstrap, topic)
+        consumer, _ = await open_from_beginning(bootstrap, topic, **client_options(self.settings))
         try:
             while True:
                 absorb(self.fleet, await consumer.getmany(timeout_ms=500))
