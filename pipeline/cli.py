@@ -21,26 +21,43 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
+    from .devstack.credentials import WORKER, client_env
     from .devstack.kafka import DevstackError, KafkaDevstack
 
     settings = _settings()
     if settings.kafka_bootstrap_servers:
         print(f"KAFKA_BOOTSTRAP_SERVERS is set ({settings.kafka_bootstrap_servers}); the devstack is not used")
         return 0
-    devstack = KafkaDevstack(settings)
     try:
         if args.action == "start":
+            devstack = KafkaDevstack(settings, brokers=args.brokers, secure=args.secure)
             started = time.monotonic()
             info, downloaded = devstack.start()
             how = "downloaded jars" if downloaded else "cached jars"
-            print(f"kafka {info.version} running at {info.bootstrap} (pid {info.pid}, {how}, "
+            pids = ", ".join(f"node {n.node_id} pid {n.pid}" for n in info.nodes)
+            print(f"kafka {info.version} running at {info.bootstrap} ({pids}, {how}, "
                   f"{time.monotonic() - started:.1f}s)")
+            if devstack.secure:
+                devstack.apply_acls(settings)
+                print(f"# SASL_SSL (SCRAM-SHA-512) only; ACLs applied for namespace '{settings.topic_namespace}' "
+                      f"and app_id '{settings.app_id}'; passwords in {devstack.home / 'credentials.json'}")
+                credentials = devstack.credentials()
+                print("\n".join(client_env(WORKER, credentials[WORKER], devstack.ca_file, info.bootstrap)))
+                for principal, password in credentials.items():
+                    if principal != WORKER:
+                        print(f"# {principal}: SLUICE_KAFKA_SASL_USERNAME={principal} "
+                              f"SLUICE_KAFKA_SASL_PASSWORD={password}")
         elif args.action == "stop":
-            print("kafka stopped" if devstack.stop() else "kafka was not running")
+            print("kafka stopped" if KafkaDevstack(settings).stop() else "kafka was not running")
         else:
+            devstack = KafkaDevstack(settings)
             state = devstack.status()
             info = devstack.info()
-            print(f"kafka {state}" + (f" at {info.bootstrap} (pid {info.pid})" if info else ""))
+            where = ""
+            if info:
+                nodes = ", ".join(f"node {n.node_id} pid {n.pid}" for n in info.nodes)
+                where = f" at {info.bootstrap} ({nodes}{', secure' if info.secure else ''})"
+            print(f"kafka {state}{where}")
             return {"running": 0, "stopped": 3, "dead": 1}[state]
     except DevstackError as exc:
         print(f"sluice kafka {args.action}: {exc}", file=sys.stderr)
@@ -263,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     kafka = sub.add_parser("kafka", help="local Apache Kafka (KRaft) for development and tests")
     kafka.add_argument("action", choices=("start", "stop", "status"))
+    kafka.add_argument("--brokers", type=int, default=None,
+                       help="nodes (combined broker + controller); 3 or more replicate every topic 3 times "
+                            "(default: what the state directory holds, else 1)")
+    kafka.add_argument("--secure", action="store_true", default=None,
+                       help="SASL_SSL only (SCRAM-SHA-512), the project's own CA, ACLs (docs/kafka-cluster.md)")
     kafka.set_defaults(func=cmd_kafka)
 
     sub.add_parser("topics", help="create every Sluice topic that is missing").set_defaults(func=cmd_topics)
@@ -363,7 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except SettingsError as exc:  # e.g. a TLS file that does not load, found when the first client is built
+        sys.exit(f"sluice {args.command}: {exc}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kafka_clients import client_options
 from .settings import Settings
 
 HOUR_MS = 3_600_000
@@ -41,7 +42,15 @@ class TopicSpec:
             cfg["max.message.bytes"] = str(dead_letter_max_bytes(settings))
         if self.max_bytes:
             cfg["max.message.bytes"] = str(self.max_bytes)
-        return cfg
+        return cfg | replication_config(settings)
+
+
+def replication_config(settings: Settings) -> dict[str, str]:
+    """``min.insync.replicas`` for a replicated topic (Sluice's and Faust's): with acks=all, a write is
+    acknowledged only once that many replicas have it, so losing one broker loses no acknowledged record."""
+    if settings.topic_replication_factor <= 1:
+        return {}
+    return {"min.insync.replicas": str(settings.topic_min_insync_replicas)}
 
 
 def raw_topic_max_bytes(settings: Settings) -> int:
@@ -91,7 +100,7 @@ def otel_topic(settings: Settings) -> str:
 
 def otel_topic_config(settings: Settings) -> dict[str, str]:
     return {"cleanup.policy": "delete", "retention.ms": str(DAY_MS),
-            "max.message.bytes": str(raw_topic_max_bytes(settings))}
+            "max.message.bytes": str(raw_topic_max_bytes(settings))} | replication_config(settings)
 
 
 def otel_group(settings: Settings) -> str:
@@ -110,7 +119,7 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **client_options(settings))
     await admin.start()
     try:
         existing = set(await admin.list_topics())

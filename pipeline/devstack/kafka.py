@@ -1,16 +1,22 @@
-"""A real Apache Kafka broker on 127.0.0.1, fetched from Maven Central.
+"""A real Apache Kafka cluster on 127.0.0.1, fetched from Maven Central.
 
-The broker's jars are resolved once with the machine's ``mvn`` into
-``<cache_dir>/kafka/<version>/libs`` and reused; only the small ``pom.xml``
-beside this file lives in the project. The broker runs as one combined KRaft
-node (broker + controller) in its own session, so it outlives the CLI that
-started it, and its address is recorded in ``<state_dir>/kafka/broker.json``
-where the CLI, the worker and the tests find it.
+The jars are resolved once with the machine's ``mvn`` into ``<cache_dir>/kafka/<version>/libs`` and
+reused; only the small ``pom.xml`` beside this file lives in the project. The cluster is one or more
+combined KRaft nodes (broker + controller, one quorum of all of them), each in its own session so it
+outlives the CLI that started it; every node (pid, ports, log) and the comma-separated bootstrap list are
+recorded in ``<state_dir>/kafka/broker.json``, where the CLI, the worker and the tests find them.
+
+``secure=True`` serves SASL_SSL only (SCRAM-SHA-512 for clients and brokers, PLAIN for the controller
+listener; ``node_config.py``), with the project's own CA (``tls.py``), one SCRAM user per principal
+(``credentials.py``) and the ACL table of ``acls.py``. A state directory keeps the shape it was
+formatted with (``layout.json``): a one-node plaintext directory is not silently reused as a secure
+three-node one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -18,35 +24,95 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import broker
 from ..settings import Settings
+from . import acls, replication
+from .credentials import ADMIN, MECHANISM, ensure_credentials
+from .node_config import NodeAddress, Security, admin_client_properties, render
+from .tls import TlsError, TlsFiles, ensure_certificates
 
 HERE = Path(__file__).resolve().parent
 COMPLETE_MARKER = ".complete"
+MULTI_NODE_HEAP_MB = 512  # per node when there are several: three JVMs share a small machine
 
 
 class DevstackError(RuntimeError):
-    """The local broker could not be fetched, started or reached."""
+    """The local cluster could not be fetched, started or reached."""
 
 
 @dataclass(frozen=True)
-class BrokerInfo:
+class NodeInfo:
+    node_id: int
     pid: int
-    bootstrap: str
+    port: int
     controller_port: int
-    version: str
+    properties: str
     data_dir: str
     log_path: str
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    bootstrap: str          # every node's client listener, comma-separated
+    version: str
+    secure: bool
     started_at: float
+    nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)
+    ca_file: str = ""       # the CA clients trust (secure clusters)
+
+    @property
+    def pid(self) -> int:
+        """The first node's process (the only one of a one-node cluster)."""
+        return self.nodes[0].pid
+
+    def node(self, node_id: int) -> NodeInfo:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise DevstackError(f"no node {node_id}; the cluster has {[n.node_id for n in self.nodes]}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterInfo":
+        raw = json.loads(text)
+        if "nodes" not in raw:  # recorded by a one-node devstack before clusters
+            port = int(raw["bootstrap"].rsplit(":", 1)[1])
+            props = str(Path(raw["data_dir"]).parent / "server.properties")
+            raw = {"bootstrap": raw["bootstrap"], "version": raw["version"], "secure": False,
+                   "started_at": raw["started_at"],
+                   "nodes": [{"node_id": 1, "pid": raw["pid"], "port": port, "controller_port": raw["controller_port"],
+                              "properties": props, "data_dir": raw["data_dir"], "log_path": raw["log_path"]}]}
+        raw["nodes"] = tuple(NodeInfo(**n) for n in raw["nodes"])
+        return cls(**raw)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@dataclass(frozen=True)
+class Layout:
+    """What a state directory was formatted as."""
+    brokers: int
+    secure: bool
+    cluster_id: str
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
 
 
 def _tool(name: str) -> str:
@@ -60,45 +126,68 @@ def _tool(name: str) -> str:
     return path
 
 
-def _port_open(bootstrap: str) -> bool:
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-        return True
-    except OSError:
-        return False
+def _listening(bootstrap: str) -> str:
+    """The addresses of ``bootstrap`` that accept a connection (so a stopped node's is not tried and logged)."""
+    open_ = []
+    for address in bootstrap.split(","):
+        host, port = address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            open_.append(address)
+        except OSError:
+            continue
+    return ",".join(open_)
 
 
-async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
+async def _metadata_brokers(bootstrap: str, timeout_s: float, client_options: dict[str, Any]) -> set[int] | None:
+    """Node ids the cluster's metadata lists, or None when nobody answers."""
     from aiokafka import AIOKafkaClient
 
-    if not _port_open(bootstrap):
-        return False
-
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    bootstrap = _listening(bootstrap)
+    if not bootstrap:
+        return None
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **client_options)
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
-        return True
+        return {b.nodeId for b in client.cluster.brokers()}
     except Exception:
-        return False
+        return None
     finally:
         await client.close()
 
 
-def answers_metadata(bootstrap: str, timeout_s: float = 2.0) -> bool:
+def answers_metadata(bootstrap: str, timeout_s: float = 2.0, client_options: dict[str, Any] | None = None) -> bool:
     """True when a broker at ``bootstrap`` answers a metadata request."""
-    return asyncio.run(_answers_metadata(bootstrap, timeout_s))
+    return asyncio.run(_metadata_brokers(bootstrap, timeout_s, client_options or {})) is not None
+
+
+def _new_cluster_id() -> str:
+    """Kafka's cluster id format (what ``kafka-storage random-uuid`` prints), without a JVM."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 class KafkaDevstack:
-    def __init__(self, settings: Settings) -> None:
+    """One state directory's cluster: ``brokers`` nodes, plaintext or ``secure``.
+
+    ``brokers``/``secure`` left as None take what the directory was formatted with (else 1, plaintext).
+    """
+
+    def __init__(self, settings: Settings, brokers: int | None = None, secure: bool | None = None) -> None:
         self.version = settings.kafka_version
-        self.heap_mb = settings.kafka_heap_mb
         self.libs_dir = settings.cache_dir / "kafka" / self.version / "libs"
         self.home = settings.kafka_dir
-        self.data_dir = self.home / "data"
         self.info_path = broker.address_file(settings)
-        self.log_path = self.home / "broker.log"
+        self.layout_path = self.home / "layout.json"
+        self.tls_dir = self.home / "tls"
+        recorded = self._recorded_layout()
+        self.brokers = brokers if brokers is not None else (recorded.brokers if recorded else 1)
+        self.secure = secure if secure is not None else (recorded.secure if recorded else False)
+        if self.brokers < 1:
+            raise DevstackError(f"--brokers must be at least 1, got {self.brokers}")
+        self.heap_mb = settings.kafka_heap_mb if self.brokers == 1 else min(settings.kafka_heap_mb,
+                                                                              MULTI_NODE_HEAP_MB)
+
+    # -- jars ---------------------------------------------------------------------------------------
 
     def fetched(self) -> bool:
         return (self.libs_dir / COMPLETE_MARKER).exists()
@@ -107,7 +196,7 @@ class KafkaDevstack:
         """Resolve the broker's jars into the cache; False when they were already there."""
         if self.fetched():
             return False
-        staging = self.libs_dir.with_name("libs.partial")
+        staging = self.libs_dir.with_name(f"libs.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.parent.mkdir(parents=True, exist_ok=True)
         cmd = [_tool("mvn"), "-B", "-q", "-f", str(HERE / "pom.xml"),
@@ -119,137 +208,315 @@ class KafkaDevstack:
         if not list(staging.glob(f"kafka_2.13-{self.version}.jar")):
             raise DevstackError(f"mvn finished but kafka_2.13-{self.version}.jar is not in {staging}")
         (staging / COMPLETE_MARKER).write_text(self.version)
+        if self.fetched():  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+            return True
         shutil.rmtree(self.libs_dir, ignore_errors=True)
         staging.rename(self.libs_dir)
         return True
 
-    def info(self) -> BrokerInfo | None:
+    # -- what is recorded ---------------------------------------------------------------------------
+
+    def info(self) -> ClusterInfo | None:
         try:
-            return BrokerInfo(**json.loads(self.info_path.read_text()))
-        except (OSError, ValueError, TypeError):
+            return ClusterInfo.from_json(self.info_path.read_text())
+        except (OSError, ValueError, TypeError, KeyError):
             return None
 
-    def _alive(self, info: BrokerInfo) -> bool:
+    def _recorded_layout(self) -> Layout | None:
         try:
-            cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes()
+            return Layout(**json.loads(self.layout_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
+        if (self.home / "data" / "meta.properties").exists():  # formatted before layouts were recorded
+            return Layout(brokers=1, secure=False, cluster_id="")
+        return None
+
+    def _node_dir(self, node_id: int) -> Path:
+        return self.home if self.brokers == 1 else self.home / f"node-{node_id}"
+
+    def _alive(self, node: NodeInfo) -> bool:
+        try:
+            cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
         except OSError:
             return False
-        return b"kafka.Kafka" in cmdline and str(self.home).encode() in cmdline
+        return b"kafka.Kafka" in cmdline and node.properties.encode() in cmdline
 
     def status(self) -> str:
-        """``running`` (process alive and answering), ``dead`` (recorded but gone
-        or mute) or ``stopped`` (nothing recorded)."""
+        """``running`` (every node alive and the cluster answering), ``dead`` (recorded, but a node is
+        gone or nobody answers) or ``stopped`` (nothing recorded)."""
         info = self.info()
         if info is None:
             return "stopped"
-        if self._alive(info) and answers_metadata(info.bootstrap):
+        if all(self._alive(n) for n in info.nodes) and answers_metadata(info.bootstrap,
+                                                                          client_options=self.client_options()):
             return "running"
         return "dead"
 
-    def _java(self, main: str, *args: str) -> list[str]:
-        return [_tool("java"), f"-Xmx{self.heap_mb}m", "-Xms128m", "-XX:+ExitOnOutOfMemoryError",
-                f"-Dlog4j2.configurationFile={HERE / 'log4j2.properties'}",
-                f"-Dkafka.logs.dir={self.home}", "-cp", str(self.libs_dir / "*"), main, *args]
+    # -- security -----------------------------------------------------------------------------------
 
-    def _write_properties(self, port: int, controller_port: int) -> Path:
-        props = self.home / "server.properties"
-        props.write_text("\n".join([
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-            "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name=PLAINTEXT",
-            f"log.dirs={self.data_dir}",
-            "num.partitions=1",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=8",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=true",
-            "log.segment.bytes=67108864",
-            "log.cleaner.dedupe.buffer.size=33554432",
-            "",
-        ]))
-        return props
+    def _security(self) -> Security | None:
+        if not self.secure:
+            return None
+        try:
+            tls = ensure_certificates(self.tls_dir)
+        except TlsError as exc:
+            raise DevstackError(str(exc)) from None
+        return Security(tls=tls, admin_password=ensure_credentials(self.home)[ADMIN])
 
-    def _format(self, props: Path) -> None:
-        if (self.data_dir / "meta.properties").exists():
-            return
-        cluster_id = subprocess.run(self._java("kafka.tools.StorageTool", "random-uuid"),
-                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        proc = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                         "-c", str(props)), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise DevstackError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+    def credentials(self) -> dict[str, str]:
+        """principal → SCRAM password (secure clusters)."""
+        if not self.secure:
+            raise DevstackError("a plaintext devstack has no credentials; start it with --secure")
+        return ensure_credentials(self.home)
 
-    def start(self, timeout_s: float = 90.0) -> tuple[BrokerInfo, bool]:
-        """Start (or find running) the broker; returns its info and whether jars were downloaded."""
+    @property
+    def ca_file(self) -> Path:
+        return TlsFiles.under(self.tls_dir).ca
+
+    def client_options(self, principal: str = ADMIN) -> dict[str, Any]:
+        """aiokafka keyword arguments to connect as ``principal`` (nothing for a plaintext cluster)."""
+        if not self.secure:
+            return {}
+        from aiokafka.helpers import create_ssl_context
+
+        return {"security_protocol": "SASL_SSL", "sasl_mechanism": MECHANISM, "sasl_plain_username": principal,
+                "sasl_plain_password": self.credentials()[principal],
+                "ssl_context": create_ssl_context(cafile=str(self.ca_file))}
+
+    def apply_acls(self, settings: Settings) -> None:
+        """Grant the principals what ``acls.acl_table(settings)`` says (idempotent)."""
+        security, info = self._security(), self.info()
+        if security is None or info is None:
+            raise DevstackError("ACLs need a running secure devstack")
+        properties = self.home / "admin-client.properties"
+        fd = os.open(properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(admin_client_properties(security))
+        try:
+            acls.apply_acls(self._java_command(heap_mb=256), info.bootstrap, properties,
+                            acls.acl_table(settings))
+        except acls.AclError as exc:
+            raise DevstackError(str(exc)) from None
+
+    # -- starting and stopping ----------------------------------------------------------------------
+
+    def _java_command(self, heap_mb: int | None = None) -> list[str]:
+        return [_tool("java"), f"-Xmx{heap_mb or self.heap_mb}m", "-Xms64m", "-XX:+ExitOnOutOfMemoryError",
+                f"-Dlog4j2.configurationFile={HERE / 'log4j2.properties'}", "-cp", str(self.libs_dir / "*")]
+
+    def _java(self, main: str, *args: str, logs_dir: Path | None = None) -> list[str]:
+        cmd = self._java_command()
+        if logs_dir is not None:
+            cmd.insert(-2, f"-Dkafka.logs.dir={logs_dir}")
+        return [*cmd, main, *args]
+
+    def _layout(self) -> Layout:
+        recorded = self._recorded_layout()
+        if recorded is None:
+            layout = Layout(brokers=self.brokers, secure=self.secure, cluster_id=_new_cluster_id())
+            self.home.mkdir(parents=True, exist_ok=True)
+            self.layout_path.write_text(json.dumps(asdict(layout)))
+            return layout
+        if (recorded.brokers, recorded.secure) != (self.brokers, self.secure):
+            shape = lambda b, s: f"{b}-broker {'secure' if s else 'plaintext'}"  # noqa: E731
+            raise DevstackError(
+                f"{self.home} holds a {shape(recorded.brokers, recorded.secure)} cluster, not a "
+                f"{shape(self.brokers, self.secure)} one: stop it and remove {self.home}, or use another "
+                "SLUICE_STATE_DIR")
+        return recorded
+
+    def _format(self, layout: Layout, nodes: list[tuple[NodeAddress, Path, Path]]) -> None:
+        """Format every node's unformatted data directory with the one cluster id (in parallel)."""
+        scram = []
+        if self.secure:
+            for name, password in self.credentials().items():
+                scram += ["--add-scram", f"{MECHANISM}=[name={name},password={password}]"]
+        running = []
+        for address, props, data_dir in nodes:
+            if (data_dir / "meta.properties").exists():
+                continue
+            if not layout.cluster_id:
+                raise DevstackError(f"{data_dir} is not formatted and {self.layout_path} has no cluster id")
+            cmd = self._java("kafka.tools.StorageTool", "format", f"--cluster-id={layout.cluster_id}",  # ids may start with "-"
+                              "-c", str(props), *scram)
+            running.append((data_dir, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                       text=True)))
+        for data_dir, proc in running:
+            output, _ = proc.communicate(timeout=180)
+            if proc.returncode != 0:
+                raise DevstackError(f"formatting {data_dir} failed:\n{output[-3000:]}")
+
+    def _launch(self, node_id: int, props: Path, log_path: Path) -> int:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(self._java("kafka.Kafka", str(props), logs_dir=props.parent), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return proc.pid
+
+    def start(self, timeout_s: float = 120.0) -> tuple[ClusterInfo, bool]:
+        """Start (or find running) the cluster; returns its info and whether jars were downloaded."""
         downloaded = self.fetch()
+        layout = self._layout()  # refuses another shape before anything is stopped or started
         current = self.info()
         if current and self.status() == "running":
             return current, downloaded
         if current:
-            self._terminate(current)
-        self.home.mkdir(parents=True, exist_ok=True)
-        port, controller_port = _free_port(), _free_port()
-        while controller_port == port:
-            controller_port = _free_port()
-        props = self._write_properties(port, controller_port)
-        self._format(props)
-        log = open(self.log_path, "ab")
-        proc = subprocess.Popen(self._java("kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        info = BrokerInfo(pid=proc.pid, bootstrap=f"127.0.0.1:{port}", controller_port=controller_port,
-                          version=self.version, data_dir=str(self.data_dir), log_path=str(self.log_path),
-                          started_at=time.time())
-        self.info_path.write_text(json.dumps(asdict(info)))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise DevstackError(f"broker exited with {proc.returncode}; see {self.log_path}:\n{self._log_tail()}")
-            if answers_metadata(info.bootstrap, 1.0):
-                return info, downloaded
-            time.sleep(0.2)
-        self._terminate(info)
-        raise DevstackError(f"broker did not answer metadata within {timeout_s:.0f}s; see {self.log_path}")
-
-    def _log_tail(self, lines: int = 30) -> str:
+            self._terminate_all(current)
+        security = self._security()
+        ports = _free_ports(2 * self.brokers)
+        addresses = [NodeAddress(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(self.brokers)]
+        planned = []
+        for address in addresses:
+            node_dir = self._node_dir(address.node_id)
+            data_dir = node_dir / "data"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            props = node_dir / "server.properties"
+            fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # secure: holds the admin password
+            with os.fdopen(fd, "w") as fh:
+                fh.write(render(address, addresses, data_dir, security))
+            planned.append((address, props, data_dir))
+        self._format(layout, planned)
+        nodes = []
+        for address, props, data_dir in planned:
+            log_path = props.parent / "broker.log"
+            nodes.append(NodeInfo(node_id=address.node_id, pid=self._launch(address.node_id, props, log_path),
+                                  port=address.port, controller_port=address.controller_port,
+                                  properties=str(props), data_dir=str(data_dir), log_path=str(log_path)))
+        info = ClusterInfo(bootstrap=",".join(f"127.0.0.1:{n.port}" for n in nodes), version=self.version,
+                           secure=self.secure, started_at=time.time(), nodes=tuple(nodes),
+                           ca_file=str(security.tls.ca) if security else "")
+        self.info_path.write_text(info.to_json())
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+            self._wait_registered(info, {n.node_id for n in nodes}, timeout_s)
+        except DevstackError:
+            self._terminate_all(info)
+            raise
+        return info, downloaded
 
-    def _terminate(self, info: BrokerInfo, timeout_s: float = 30.0) -> None:
-        if self._alive(info):
-            try:
-                os.killpg(info.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + timeout_s
-            while self._alive(info) and time.monotonic() < deadline:
-                _reap(info.pid)
-                time.sleep(0.1)
-            if self._alive(info):
-                os.killpg(info.pid, signal.SIGKILL)
-                while self._alive(info):
-                    _reap(info.pid)
-                    time.sleep(0.05)
-        self.info_path.unlink(missing_ok=True)
+    def _wait_registered(self, info: ClusterInfo, node_ids: set[int], timeout_s: float) -> None:
+        """Until each node in ``node_ids`` answers on its own listener with metadata listing all of them
+        (asking another node is not enough: a node killed a moment ago is listed until it is fenced);
+        fails early when one of them exits."""
+        deadline = time.monotonic() + timeout_s
+        options = self.client_options()
+        waiting = [node for node in info.nodes if node.node_id in node_ids]
+        while time.monotonic() < deadline:
+            for node in waiting:
+                if _exited(node.pid):
+                    _reap(node.pid)
+                    raise DevstackError(f"node {node.node_id} exited; see {node.log_path}:\n{_tail(node.log_path)}")
+            waiting = [node for node in waiting
+                       if not node_ids <= (asyncio.run(_metadata_brokers(f"127.0.0.1:{node.port}", 2.0, options))
+                                           or set())]
+            if not waiting:
+                return
+            time.sleep(0.3)
+        raise DevstackError(f"nodes {[n.node_id for n in waiting]} did not register within {timeout_s:.0f}s; "
+                            f"see the broker.log files under {self.home}")
 
     def stop(self) -> bool:
-        """Stop the recorded broker; False when none was recorded."""
+        """Stop every recorded node; False when none was recorded."""
         info = self.info()
         if info is None:
             return False
-        self._terminate(info)
+        self._terminate_all(info)
         return True
+
+    def _terminate_all(self, info: ClusterInfo) -> None:
+        for node in info.nodes:
+            _signal(node, signal.SIGTERM, self._alive(node))
+        for node in info.nodes:
+            self._wait_gone(node, 30.0)
+        self.info_path.unlink(missing_ok=True)
+
+    def _wait_gone(self, node: NodeInfo, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._alive(node) and time.monotonic() < deadline:
+            _reap(node.pid)
+            time.sleep(0.1)
+        if self._alive(node):
+            _signal(node, signal.SIGKILL, True)
+            while self._alive(node):
+                _reap(node.pid)
+                time.sleep(0.05)
+        _reap(node.pid)  # a killed child of ours is a zombie (no command line) until collected
+
+    # -- failure drills -----------------------------------------------------------------------------
+
+    def kill(self, node_id: int) -> None:
+        """``kill -9`` one node (no shutdown, no leadership hand-over) and wait until it is gone."""
+        info = self._running_info()
+        node = info.node(node_id)
+        if not self._alive(node):
+            raise DevstackError(f"node {node_id} is not running")
+        _signal(node, signal.SIGKILL, True)
+        self._wait_gone(node, 30.0)
+
+    def restart(self, node_id: int, timeout_s: float = 120.0) -> NodeInfo:
+        """Start a stopped node again with its ports, data and configuration; returns once it is registered."""
+        info = self._running_info()
+        node = info.node(node_id)
+        if self._alive(node):
+            raise DevstackError(f"node {node_id} is still running")
+        restarted = NodeInfo(**{**asdict(node), "pid": self._launch(node_id, Path(node.properties),
+                                                                     Path(node.log_path))})
+        info = ClusterInfo(**{**asdict(info), "nodes": tuple(restarted if n.node_id == node_id else n
+                                                             for n in info.nodes)})
+        self.info_path.write_text(info.to_json())
+        self._wait_registered(info, {node_id}, timeout_s)
+        return restarted
+
+    def lagging_partitions(self) -> list[str]:
+        """Partitions without a leader or with a replica out of the in-sync set (empty: all in sync)."""
+        return asyncio.run(replication.lagging_partitions(self._reachable(), self.client_options()))
+
+    def wait_in_sync(self, timeout_s: float) -> None:
+        """Until every partition of every topic has a leader and all its replicas in sync."""
+        deadline = time.monotonic() + timeout_s
+        lagging: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                lagging = self.lagging_partitions()
+            except Exception as exc:  # a node may be mid-start: ask again
+                lagging = [f"metadata: {type(exc).__name__}: {exc}"]
+            if not lagging:
+                return
+            time.sleep(0.5)
+        raise DevstackError(f"not in sync after {timeout_s:.0f}s: {lagging[:10]}")
+
+    def leader_counts(self) -> dict[int, int]:
+        """node id → partitions it leads."""
+        return asyncio.run(replication.leaders(self._reachable(), self.client_options()))
+
+    def _reachable(self) -> str:
+        """The bootstrap list without nodes that are down (aiokafka would log each failed connection)."""
+        bootstrap = self._running_info().bootstrap
+        return _listening(bootstrap) or bootstrap
+
+    def _running_info(self) -> ClusterInfo:
+        info = self.info()
+        if info is None:
+            raise DevstackError("no devstack cluster is recorded; start it first")
+        return info
+
+
+def _signal(node: NodeInfo, sig: int, alive: bool) -> None:
+    if not alive:
+        return
+    try:
+        os.killpg(node.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _exited(pid: int) -> bool:
+    """Gone or a zombie. (Not ``_alive``: just after ``Popen`` returns, the child may not have exec'd java
+    yet, and its command line is still empty.)"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def _reap(pid: int) -> None:
@@ -258,6 +525,13 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def bootstrap_servers(settings: Settings) -> str:

@@ -22,9 +22,11 @@ import faust
 
 from .. import metrics, topics
 from ..broker import bootstrap_servers
+from ..kafka_clients import faust_credentials
 from ..load.partial import Partial
 from ..settings import Settings
 from ..sinks.store import StoreUnavailable
+from . import kafka_transport
 from .control import ControlConsumer
 from .http import add_pages
 from .landing import LandingConsumer
@@ -48,7 +50,8 @@ def create_app(settings: Settings) -> faust.App:
     app = faust.App(
         # a landing-only worker runs no agents: it must not join stage 2's group
         settings.app_id if settings.role != "landing" else f"{settings.app_id}-landing-web",
-        broker=f"kafka://{bootstrap}",
+        broker=f"{kafka_transport.SCHEME}://{bootstrap}",  # aiokafka, with an idempotent producer
+        broker_credentials=faust_credentials(settings),
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
@@ -58,7 +61,8 @@ def create_app(settings: Settings) -> faust.App:
         web_port=settings.web_port,
         web_in_thread=False,
         topic_partitions=topics.PARTIALS.partitions(settings),
-        topic_replication_factor=settings.topic_replication_factor,
+        topic_replication_factor=settings.topic_replication_factor,  # changelog and leader topics too
+        producer_acks=-1,
         consumer_max_fetch_size=topics.raw_topic_max_bytes(settings),
         producer_max_request_size=topics.dead_letter_max_bytes(settings) + 65536,
         broker_commit_interval=1.0,
@@ -88,7 +92,7 @@ def create_app(settings: Settings) -> faust.App:
 def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_letters: Any) -> tuple:
     partials = _bytes_topic(app, settings, topics.PARTIALS)
     table = app.Table("pool_partials", partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
-                      value_type=bytes)
+                      value_type=bytes, extra_topic_configs=topics.replication_config(settings))
     control = ControlConsumer(settings, dead_letters, partials)
     stage2 = Stage2(settings, table, _bytes_topic(app, settings, topics.LOAD),
                     _bytes_topic(app, settings, topics.ADMISSION))

@@ -709,3 +709,14 @@ def test_the_broker_takes_a_sparse_backlogs_parts_it_refuses_whole(settings):
     for record in landed:
         assert state.merge(Partial.from_bytes(record.value), config)
     same_picture(state, unsplit_state(recs, config), config)
+
+
+def test_the_workers_own_producer_is_idempotent_and_waits_for_every_in_sync_replica(app):
+    """Faust enables idempotence only inside transactions; the worker's transport turns it on for every send."""
+    async def build():
+        return app.producer._new_producer()
+
+    producer = asyncio.run(build())
+    assert producer._txn_manager is not None                 # aiokafka's idempotence state
+    assert producer.client._bootstrap_servers == ["127.0.0.1:9"]
+    assert app.producer._settings_default()["acks"] == -1

@@ -1,0 +1,186 @@
+"""A secure devstack (SASL_SSL with SCRAM-SHA-512, the project's CA, ACLs): who gets in and what each
+principal may do, then the whole pipeline authenticated — a worker as ``sluice``, events from ``router``
+and ``gpu-agent``, signals read by an authenticated router client, rows in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaClient, AIOKafkaProducer
+from aiokafka.errors import TopicAuthorizationFailedError
+
+from pipeline import topics
+from pipeline.devstack.credentials import ADMIN, GPU_AGENT, ROUTER, WORKER
+from pipeline.kafka_clients import client_options, producer_options
+from pipeline.router.kafka_client import RouterClient
+from pipeline.settings import load_settings
+from pipeline.sim.producer import produce
+from pipeline.sim.replay import Fleet, generate, load_trace
+from pipeline.sinks.store import open_store
+from pipeline.topic_reader import open_from_beginning, read_to_end
+from pipeline.worker_process import WorkerProcess
+from tests.conftest import free_port, run, wait_for
+from tests.integration.cluster import DevstackCluster
+
+pytestmark = pytest.mark.integration
+REFUSED_WITHIN_S = 30.0
+POOLS = ("pool-a", "pool-b")
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    """One secure node, its topics created by ``admin`` and the ACL table applied for one namespace."""
+    cluster = DevstackCluster(tmp_path_factory.mktemp("secure-kafka"), brokers=1, secure=True).start()
+    namespace = "s" + uuid.uuid4().hex[:10]
+    state = tmp_path_factory.mktemp("secure-state")
+    passwords = cluster.devstack.credentials()
+
+    def as_principal(principal: str, password: str | None = None, **overrides):
+        return load_settings(env={}, kafka_bootstrap_servers=cluster.bootstrap, topic_namespace=namespace,
+                             app_id=f"sluice-{namespace}", state_dir=str(state), retention_days=0,
+                             max_event_age_s=0, dev_signing_key=True, kafka_security_protocol="SASL_SSL",
+                             kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username=principal,
+                             kafka_sasl_password=password or passwords[principal],
+                             kafka_ssl_ca_file=str(cluster.devstack.ca_file), **overrides)
+
+    try:
+        run(topics.ensure_topics(as_principal(ADMIN), cluster.bootstrap))
+        cluster.devstack.apply_acls(as_principal(ADMIN))
+        yield cluster, as_principal
+    finally:
+        cluster.stop()
+
+
+async def bootstrap_error(bootstrap: str, **options) -> BaseException | None:
+    """What connecting with ``options`` raises (None: it got in)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **options)
+    try:
+        await asyncio.wait_for(client.bootstrap(), REFUSED_WITHIN_S)
+        return None
+    except asyncio.TimeoutError as exc:
+        raise AssertionError(f"not refused within {REFUSED_WITHIN_S:.0f}s: the client hangs") from exc
+    except Exception as exc:
+        return exc
+    finally:
+        await client.close()
+
+
+async def send(settings, topic: str, value: bytes, key: bytes = b"k") -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, request_timeout_ms=15000,
+                                **producer_options(settings))
+    await producer.start()
+    try:
+        await asyncio.wait_for(producer.send_and_wait(topic, value, key=key), REFUSED_WITHIN_S)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(settings, topic: str) -> list[bytes]:
+    consumer, ends = await open_from_beginning(settings.kafka_bootstrap_servers, topic, **client_options(settings))
+    values: list[bytes] = []
+    try:
+        assert await read_to_end(consumer, ends, lambda batch: [values.extend(m.value for m in ms)
+                                                              for ms in batch.values()], timeout_s=30)
+        return values
+    finally:
+        await consumer.stop()
+
+
+def test_anonymous_plaintext_and_tls_without_sasl_are_refused(secure):
+    cluster, as_principal = secure
+    began = time.monotonic()
+    plaintext = run(bootstrap_error(cluster.bootstrap))
+    assert plaintext is not None, "a PLAINTEXT client got in"
+    tls_only = client_options(as_principal(WORKER)) | {"security_protocol": "SSL"}
+    for key in ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password"):
+        tls_only.pop(key)
+    no_sasl = run(bootstrap_error(cluster.bootstrap, **tls_only))
+    assert no_sasl is not None, "a TLS client without SASL got in"
+    print(f"\nrefused in {time.monotonic() - began:.1f}s: PLAINTEXT {plaintext!r}; TLS without SASL {no_sasl!r}")
+    assert run(bootstrap_error(cluster.bootstrap, **client_options(as_principal(ROUTER)))) is None
+
+
+def test_a_wrong_password_is_refused(secure):
+    cluster, as_principal = secure
+    error = run(bootstrap_error(cluster.bootstrap, **client_options(as_principal(ROUTER, password="not-it"))))
+    assert error is not None, "a wrong password got in"
+    print(f"\nwrong password: {error!r}")
+
+
+def test_the_router_reads_signals_and_writes_requests_but_never_the_admission_topic(secure):
+    cluster, as_principal = secure
+    admin, router = as_principal(ADMIN), as_principal(ROUTER)
+    admission, requests = topics.ADMISSION.name(router), topics.REQUESTS.name(router)
+    run(send(admin, admission, b"from-admin", key=b"pool-x"))
+    assert b"from-admin" in run(read_topic(router, admission))
+    run(send(router, requests, b"{}", key=b"task"))
+    with pytest.raises(TopicAuthorizationFailedError):
+        run(send(router, admission, b"forged", key=b"pool-x"))
+
+
+def test_a_gpu_agent_writes_replica_samples_only(secure):
+    _, as_principal = secure
+    agent = as_principal(GPU_AGENT)
+    run(send(agent, topics.REPLICAS.name(agent), b"{}", key=b"replica"))
+    with pytest.raises(TopicAuthorizationFailedError):
+        run(send(agent, topics.REQUESTS.name(agent), b"{}", key=b"task"))
+
+
+def test_the_pipeline_runs_authenticated_end_to_end(secure, tmp_path):
+    cluster, as_principal = secure
+    worker_settings = as_principal(WORKER, web_port=free_port(), tick_s=0.25, chdb_path=str(tmp_path / "chdb"))
+    router, agent = as_principal(ROUTER), as_principal(GPU_AGENT)
+    worker = WorkerProcess(worker_settings, tmp_path / "worker.log")
+    events = list(generate(load_trace(), rate=20, seconds=10, seed=3, start_ms=int(time.time() * 1000),
+                           fleet=Fleet(pools=POOLS)))
+    requests = [e for e in events if e.kind == "request"]
+    replicas = [e for e in events if e.kind != "request"]
+    seen: dict[str, int] = {}
+
+    async def follow_signals() -> None:
+        from pipeline.admission.keyring import keyring
+
+        client = RouterClient(router, cluster.bootstrap, keyring(router))
+        await client.start()
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not all(p in client.book.signals for p in POOLS):
+                await asyncio.sleep(0.5)
+            seen.update({p: 1 for p in POOLS if p in client.book.signals})
+        finally:
+            await client.stop()
+
+    try:
+        worker.start(timeout_s=120)
+        produced = run(produce(router, cluster.bootstrap, requests, paced=False))
+        run(produce(agent, cluster.bootstrap, replicas, paced=False))
+        assert produced.requests == len(requests)
+        run(follow_signals())
+        assert set(seen) == set(POOLS), f"the router got verified signals for {sorted(seen)} only"
+        wait_for(lambda: worker_landed(worker_settings) >= len(requests), 120, interval_s=1.0,
+                 message="every request event to land")
+    finally:
+        worker.stop()
+    store = open_store(worker_settings)
+    try:
+        rows, = store.query("SELECT count() AS rows, uniqExact(event_id) AS ids FROM request_events")
+    finally:
+        store.close()
+    assert rows == {"rows": len(requests), "ids": len(requests)}
+    print(f"\nsecure pipeline: {len(requests)} request events from `router`, {len(replicas)} samples from "
+          f"`gpu-agent`, signals for {sorted(seen)} verified by an authenticated router client, "
+          f"{rows['rows']} rows landed by `sluice`")
+
+
+def worker_landed(settings) -> int:
+    """Request events the worker's landing path has in the store (through its read-only /query)."""
+    from pipeline.query_client import QueryFailed, run_query
+
+    try:
+        rows, _ = run_query(settings, "SELECT count() AS n FROM request_events")
+    except QueryFailed:
+        return 0
+    return int(rows[0]["n"]) if rows else 0
