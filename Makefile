@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit bench kafka-start kafka-stop clean
+.PHONY: setup prerequisites prerequisites-demo images demo test test-unit bench kafka-start kafka-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +14,21 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-demo: setup
+# What the machine needs (installed as root with apt; otherwise one line naming it): deploy/prerequisites.sh
+prerequisites:
+	deploy/prerequisites.sh test
+
+prerequisites-demo:
+	deploy/prerequisites.sh demo
+
+# The container images the tests build on first use (docs/containers.md), built ahead
+images: prerequisites setup
+	$(BIN)/python deploy/docker/build_images.py all
+
+demo: prerequisites-demo setup
 	$(BIN)/sluice demo
 
-test: setup
+test: prerequisites setup
 	$(BIN)/python -m pytest
 
 test-unit: setup
