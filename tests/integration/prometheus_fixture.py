@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline import topics
 from pipeline.settings import Settings
 from pipeline.sim.specimens import request_event
+from tests import containers
 from tests.conftest import free_port, wait_for
 from tests.integration.test_closed_loop import sample
 
@@ -44,10 +45,12 @@ def prometheus_binary() -> str:
 def prometheus(tmp_path):
     """Start Prometheus for a worker at ``target``; yields a function that starts it and returns its API base.
 
+    In a container (testcontainers, host network) when a Docker engine answers, else Debian's binary.
+
     deploy/prometheus/prometheus.yml and rules/*.yml as written, except: the target (a local worker), 1 s
     scrape and evaluation intervals, and every ``for:`` compressed to 5 s so a test sees ``firing`` in seconds.
     """
-    procs = []
+    stoppers = []
 
     def start(target: str) -> str:
         rules = tmp_path / "rules"
@@ -59,20 +62,24 @@ def prometheus(tmp_path):
         config["rule_files"] = [str(rules / "*.yml")]
         config["scrape_configs"][0]["static_configs"] = [{"targets": [target]}]
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        if containers.engine_answers():
+            server = containers.ContainerPrometheus(tmp_path / "prometheus.yml", rules)
+            stoppers.append(server.stop)
+            return server.base_url
         port = free_port()
         log = open(tmp_path / "prometheus.log", "wb")
-        procs.append(subprocess.Popen(
+        proc = subprocess.Popen(
             [prometheus_binary(), f"--config.file={tmp_path / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT))
+            stdout=log, stderr=subprocess.STDOUT)
+        stoppers.append(lambda: (proc.terminate(), proc.wait(30)))
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(f"{base}/-/ready") is not None, 60, message="Prometheus to be ready")
         return base
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(30)
+    for stop in stoppers:
+        stop()
 
 
 def get(url: str):
