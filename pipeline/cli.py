@@ -21,8 +21,9 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from .devstack.credentials import WORKER, client_env
+    from .devstack.credentials import WORKER, client_env, credentials_path
     from .devstack.kafka import DevstackError, KafkaDevstack
+    from .devstack.node_config import replication
 
     settings = _settings()
     if settings.kafka_bootstrap_servers:
@@ -37,16 +38,25 @@ def cmd_kafka(args: argparse.Namespace) -> int:
             pids = ", ".join(f"node {n.node_id} pid {n.pid}" for n in info.nodes)
             print(f"kafka {info.version} running at {info.bootstrap} ({pids}, {how}, "
                   f"{time.monotonic() - started:.1f}s)")
+            # Environment for Sluice processes: never the bootstrap list (read from broker.json, it changes
+            # on every start) and never a password (stdout ends up in CI logs).
+            factor, min_isr = replication(len(info.nodes))
+            if factor > 1:
+                print(f"# {len(info.nodes)} brokers: give the topics Sluice creates {factor} replicas "
+                      f"(the brokers' own topics have {factor}, {min_isr} in sync)")
+                print(f"SLUICE_TOPIC_REPLICATION_FACTOR={factor}")
             if devstack.secure:
                 devstack.apply_acls(settings)
+                path = credentials_path(devstack.home)
                 print(f"# SASL_SSL (SCRAM-SHA-512) only; ACLs applied for namespace '{settings.topic_namespace}' "
-                      f"and app_id '{settings.app_id}'; passwords in {devstack.home / 'credentials.json'}")
-                credentials = devstack.credentials()
-                print("\n".join(client_env(WORKER, credentials[WORKER], devstack.ca_file, info.bootstrap)))
-                for principal, password in credentials.items():
-                    if principal != WORKER:
-                        print(f"# {principal}: SLUICE_KAFKA_SASL_USERNAME={principal} "
-                              f"SLUICE_KAFKA_SASL_PASSWORD={password}")
+                      f"and app_id '{settings.app_id}'")
+                print(f"# passwords: {path} (mode 0600), one per principal ({', '.join(devstack.credentials())});"
+                      f" set SLUICE_KAFKA_SASL_PASSWORD to the principal's, e.g.")
+                print(f"#   export SLUICE_KAFKA_SASL_PASSWORD=\"$(python3 -c 'import json,sys; "
+                      f"print(json.load(open(sys.argv[1]))[sys.argv[2]])' {path} {WORKER})\"")
+                print(f"# the CA file is the devstack's own ({devstack.ca_file.parent}); it stays valid across "
+                      "restarts")
+                print("\n".join(client_env(WORKER, devstack.ca_file)))
         elif args.action == "stop":
             print("kafka stopped" if KafkaDevstack(settings).stop() else "kafka was not running")
         else:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -79,9 +80,11 @@ class Settings:
         "Replication factor of topics Sluice creates (1 for the devstack, 3 in production).",
         min=1, max=16))
     topic_min_insync_replicas: int = field(default=2, metadata=_doc(
-        "`min.insync.replicas` of every topic Sluice creates (its own and Faust's changelog) when "
-        "`topic_replication_factor` is above 1: an acks=all write needs this many replicas, so one broker "
-        "can die without losing an acknowledged record. At most `topic_replication_factor`.", min=1, max=16))
+        "`min.insync.replicas` of every topic Sluice creates (its own and Faust's changelog): an acks=all "
+        "write needs this many replicas, so one broker can die without losing an acknowledged record. "
+        "Capped at `topic_replication_factor` (one replica: 1) and always set on the topic, so a broker "
+        "default above the replication factor cannot refuse every write (brokers before Kafka 3.7 do not "
+        "cap it themselves).", min=1, max=16))
     app_id: str = field(default="sluice", metadata=_doc(
         "Faust application id: consumer group and changelog topic prefix.",
         pattern=r"[A-Za-z0-9._-]+"))
@@ -286,6 +289,13 @@ def _check_kafka_security(s: Settings) -> None:
 def _check_clickhouse_tls(s: Settings) -> None:
     if s.clickhouse_url and not re.match(r"https?://", s.clickhouse_url):
         raise SettingsError("clickhouse_url must start with http:// or https://")
+    if urllib.parse.urlsplit(s.clickhouse_url).query or "?" in s.clickhouse_url:
+        # clickhouse-connect copies a DSN's query parameters into its client options, after Sluice's own:
+        # `?verify=false` would switch certificate verification off behind clickhouse_verify's back
+        raise SettingsError("clickhouse_url must not carry query parameters (the part after '?'): "
+                            "clickhouse-connect would apply them as client options over Sluice's own "
+                            "(e.g. ?verify=false silently disables TLS verification); use clickhouse_ca_file, "
+                            "clickhouse_verify, clickhouse_user and clickhouse_password instead")
     if s.clickhouse_ca_file:
         if not s.clickhouse_url.startswith("https://"):
             raise SettingsError("clickhouse_ca_file is set but clickhouse_url is not an https:// URL")

@@ -46,11 +46,18 @@ class TopicSpec:
 
 
 def replication_config(settings: Settings) -> dict[str, str]:
-    """``min.insync.replicas`` for a replicated topic (Sluice's and Faust's): with acks=all, a write is
-    acknowledged only once that many replicas have it, so losing one broker loses no acknowledged record."""
-    if settings.topic_replication_factor <= 1:
-        return {}
-    return {"min.insync.replicas": str(settings.topic_min_insync_replicas)}
+    """``min.insync.replicas`` of every topic Sluice creates (its own and Faust's): with acks=all, a write
+    is acknowledged only once that many replicas have it, so losing one broker loses no acknowledged record.
+
+    Always set, at most the replication factor: a topic without it inherits the broker's default, and on
+    brokers before Kafka 3.7 (which do not cap the effective min ISR at the replica count) a replication
+    factor below that default — one replica on brokers that want two in sync — refuses every acks=all
+    write with NOT_ENOUGH_REPLICAS. Set on the topic, what applies is what the topic's config says."""
+    return {"min.insync.replicas": str(min_insync_replicas(settings))}
+
+
+def min_insync_replicas(settings: Settings) -> int:
+    return min(settings.topic_min_insync_replicas, settings.topic_replication_factor)
 
 
 def raw_topic_max_bytes(settings: Settings) -> int:

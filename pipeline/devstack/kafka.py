@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import broker
+from ..kafka_clients import Secret
 from ..settings import Settings
 from . import acls, replication
 from .credentials import ADMIN, MECHANISM, ensure_credentials
@@ -39,6 +41,9 @@ from .tls import TlsError, TlsFiles, ensure_certificates
 HERE = Path(__file__).resolve().parent
 COMPLETE_MARKER = ".complete"
 MULTI_NODE_HEAP_MB = 512  # per node when there are several: three JVMs share a small machine
+FORMAT_TIMEOUT_S = 180.0
+STATUS_TIMEOUTS_S = (2.0, 15.0)  # a metadata answer over SASL_SSL can take seconds on a loaded machine
+USERS_TIMEOUT_S = 60.0
 
 
 class DevstackError(RuntimeError):
@@ -161,6 +166,21 @@ def answers_metadata(bootstrap: str, timeout_s: float = 2.0, client_options: dic
     return asyncio.run(_metadata_brokers(bootstrap, timeout_s, client_options or {})) is not None
 
 
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` whole: a reader never sees it half-written."""
+    staging = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    staging.rename(path)
+
+
+def _argfile_quote(arg: str) -> str:
+    if '"' in arg or "\\" in arg:
+        raise DevstackError("an argument with a quote or a backslash cannot go in a java @argfile")
+    return f'"{arg}"'
+
+
 def _new_cluster_id() -> str:
     """Kafka's cluster id format (what ``kafka-storage random-uuid`` prints), without a JVM."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -244,13 +264,22 @@ class KafkaDevstack:
 
     def status(self) -> str:
         """``running`` (every node alive and the cluster answering), ``dead`` (recorded, but a node is
-        gone or nobody answers) or ``stopped`` (nothing recorded)."""
+        gone or nobody answers) or ``stopped`` (nothing recorded).
+
+        With every node process alive, a slow answer is asked again with a longer timeout before the
+        cluster is called dead (``start`` replaces a dead cluster): a SASL_SSL handshake and metadata
+        request can take more than two seconds on a loaded machine."""
         info = self.info()
         if info is None:
             return "stopped"
-        if all(self._alive(n) for n in info.nodes) and answers_metadata(info.bootstrap,
-                                                                          client_options=self.client_options()):
-            return "running"
+        if not all(self._alive(n) for n in info.nodes):
+            return "dead"
+        options = self.client_options()
+        for timeout_s in STATUS_TIMEOUTS_S:
+            if answers_metadata(info.bootstrap, timeout_s=timeout_s, client_options=options):
+                return "running"
+            if not all(self._alive(n) for n in info.nodes):
+                break
         return "dead"
 
     # -- security -----------------------------------------------------------------------------------
@@ -281,23 +310,57 @@ class KafkaDevstack:
         from aiokafka.helpers import create_ssl_context
 
         return {"security_protocol": "SASL_SSL", "sasl_mechanism": MECHANISM, "sasl_plain_username": principal,
-                "sasl_plain_password": self.credentials()[principal],
+                "sasl_plain_password": Secret(self.credentials()[principal]),
                 "ssl_context": create_ssl_context(cafile=str(self.ca_file))}
 
     def apply_acls(self, settings: Settings) -> None:
         """Grant the principals what ``acls.acl_table(settings)`` says (idempotent)."""
-        security, info = self._security(), self.info()
-        if security is None or info is None:
+        info = self.info()
+        if not self.secure or info is None:
             raise DevstackError("ACLs need a running secure devstack")
+        self._admin_tool(info, acls.acl_table(settings), {})
+
+    def _admin_tool(self, info: ClusterInfo, table: list[acls.Acl], users: dict[str, str]) -> None:
+        """Run ``ApplyAcls.java`` as ``admin``: SCRAM ``users`` (name → password, on its stdin) and ACLs."""
+        security = self._security()
+        assert security is not None
         properties = self.home / "admin-client.properties"
-        fd = os.open(properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(admin_client_properties(security))
+        _write_atomic(properties, admin_client_properties(security), mode=0o600)
         try:
-            acls.apply_acls(self._java_command(heap_mb=256), info.bootstrap, properties,
-                            acls.acl_table(settings))
+            acls.apply_acls(self._java_command(heap_mb=256), _listening(info.bootstrap) or info.bootstrap,
+                            properties, table, users)
         except acls.AclError as exc:
             raise DevstackError(str(exc)) from None
+
+    def ensure_users(self, info: ClusterInfo, timeout_s: float = USERS_TIMEOUT_S) -> list[str]:
+        """Make every principal of ``credentials.json`` but ``admin`` (formatted into the storage) a SCRAM
+        user with its password, unless it already logs in; returns those created. Waits until each of
+        them logs in at every node (a node learns a credential from the metadata log a moment later)."""
+        credentials = self.credentials()
+        missing = {name: password for name, password in credentials.items()
+                   if name != ADMIN and not self._logs_in(info.bootstrap, name, 5.0)}
+        if not missing:
+            return []
+        self._admin_tool(info, [], missing)
+        deadline = time.monotonic() + timeout_s
+        waiting = [(name, f"127.0.0.1:{node.port}") for name in missing for node in info.nodes]
+        while waiting:
+            waiting = [(name, address) for name, address in waiting if not self._logs_in(address, name, 5.0)]
+            if waiting and time.monotonic() > deadline:
+                raise DevstackError(f"SCRAM users not accepted within {timeout_s:.0f}s: {waiting}")
+            if waiting:
+                time.sleep(0.5)
+        return sorted(missing)
+
+    def _logs_in(self, bootstrap: str, principal: str, timeout_s: float) -> bool:
+        """Whether ``principal`` authenticates (a refusal is the expected answer here: not logged)."""
+        quiet = logging.getLogger("aiokafka")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            return asyncio.run(_metadata_brokers(bootstrap, timeout_s, self.client_options(principal))) is not None
+        finally:
+            quiet.setLevel(level)
 
     # -- starting and stopping ----------------------------------------------------------------------
 
@@ -316,7 +379,7 @@ class KafkaDevstack:
         if recorded is None:
             layout = Layout(brokers=self.brokers, secure=self.secure, cluster_id=_new_cluster_id())
             self.home.mkdir(parents=True, exist_ok=True)
-            self.layout_path.write_text(json.dumps(asdict(layout)))
+            _write_atomic(self.layout_path, json.dumps(asdict(layout)))
             return layout
         if (recorded.brokers, recorded.secure) != (self.brokers, self.secure):
             shape = lambda b, s: f"{b}-broker {'secure' if s else 'plaintext'}"  # noqa: E731
@@ -327,25 +390,54 @@ class KafkaDevstack:
         return recorded
 
     def _format(self, layout: Layout, nodes: list[tuple[NodeAddress, Path, Path]]) -> None:
-        """Format every node's unformatted data directory with the one cluster id (in parallel)."""
+        """Format every node's unformatted data directory with the one cluster id (in parallel).
+
+        A secure cluster's storage gets one SCRAM user, ``admin`` (the brokers authenticate to each other
+        as ``admin`` before any client could create users; the others are made by ``ensure_users``). The
+        tool's arguments are read from a 0600 ``@argfile`` by the java launcher, so the admin password is
+        not on the command line (``/proc/<pid>/cmdline`` shows only the file's name). When one node's
+        format fails or takes too long, the others are killed, not left running."""
         scram = []
         if self.secure:
-            for name, password in self.credentials().items():
-                scram += ["--add-scram", f"{MECHANISM}=[name={name},password={password}]"]
-        running = []
-        for address, props, data_dir in nodes:
-            if (data_dir / "meta.properties").exists():
-                continue
-            if not layout.cluster_id:
-                raise DevstackError(f"{data_dir} is not formatted and {self.layout_path} has no cluster id")
-            cmd = self._java("kafka.tools.StorageTool", "format", f"--cluster-id={layout.cluster_id}",  # ids may start with "-"
-                              "-c", str(props), *scram)
-            running.append((data_dir, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                       text=True)))
-        for data_dir, proc in running:
-            output, _ = proc.communicate(timeout=180)
-            if proc.returncode != 0:
-                raise DevstackError(f"formatting {data_dir} failed:\n{output[-3000:]}")
+            scram = ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={self.credentials()[ADMIN]}]"]
+        running: list[tuple[Path, subprocess.Popen, Path]] = []
+        argfiles: list[Path] = []
+        try:
+            for address, props, data_dir in nodes:
+                if (data_dir / "meta.properties").exists():
+                    continue
+                if not layout.cluster_id:
+                    raise DevstackError(f"{data_dir} is not formatted and {self.layout_path} has no cluster id")
+                # --cluster-id=…: ids may start with "-"
+                args = ["kafka.tools.StorageTool", "format", f"--cluster-id={layout.cluster_id}",
+                        "-c", str(props), *scram]
+                argfile = props.parent / "format.args"
+                _write_atomic(argfile, "\n".join(_argfile_quote(a) for a in args) + "\n", mode=0o600)
+                argfiles.append(argfile)
+                log_path = props.parent / "format.log"
+                with open(log_path, "w") as log:
+                    proc = subprocess.Popen([*self._java_command(), f"@{argfile}"], stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                running.append((data_dir, proc, log_path))
+            deadline = time.monotonic() + FORMAT_TIMEOUT_S
+            pending = list(running)
+            while pending:
+                for data_dir, proc, log_path in pending:
+                    if proc.poll() not in (None, 0):
+                        raise DevstackError(f"formatting {data_dir} failed:\n{_tail(str(log_path), 40)}")
+                pending = [entry for entry in pending if entry[1].poll() is None]
+                if pending and time.monotonic() > deadline:
+                    raise DevstackError(f"formatting {[str(d) for d, _, _ in pending]} took longer than "
+                                        f"{FORMAT_TIMEOUT_S:.0f}s")
+                if pending:
+                    time.sleep(0.1)
+        finally:
+            for _, proc, _ in running:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            for argfile in argfiles:
+                argfile.unlink(missing_ok=True)
 
     def _launch(self, node_id: int, props: Path, log_path: Path) -> int:
         with open(log_path, "ab") as log:
@@ -359,6 +451,8 @@ class KafkaDevstack:
         layout = self._layout()  # refuses another shape before anything is stopped or started
         current = self.info()
         if current and self.status() == "running":
+            if self.secure:
+                self.ensure_users(current)  # principals added since it was started
             return current, downloaded
         if current:
             self._terminate_all(current)
@@ -376,22 +470,33 @@ class KafkaDevstack:
                 fh.write(render(address, addresses, data_dir, security))
             planned.append((address, props, data_dir))
         self._format(layout, planned)
-        nodes = []
-        for address, props, data_dir in planned:
-            log_path = props.parent / "broker.log"
-            nodes.append(NodeInfo(node_id=address.node_id, pid=self._launch(address.node_id, props, log_path),
-                                  port=address.port, controller_port=address.controller_port,
-                                  properties=str(props), data_dir=str(data_dir), log_path=str(log_path)))
-        info = ClusterInfo(bootstrap=",".join(f"127.0.0.1:{n.port}" for n in nodes), version=self.version,
-                           secure=self.secure, started_at=time.time(), nodes=tuple(nodes),
-                           ca_file=str(security.tls.ca) if security else "")
-        self.info_path.write_text(info.to_json())
+        nodes: list[NodeInfo] = []
+        started_at = time.time()
+
+        def recorded() -> ClusterInfo:
+            return ClusterInfo(bootstrap=",".join(f"127.0.0.1:{n.port}" for n in nodes), version=self.version,
+                               secure=self.secure, started_at=started_at, nodes=tuple(nodes),
+                               ca_file=str(security.tls.ca) if security else "")
+
         try:
+            for address, props, data_dir in planned:
+                log_path = props.parent / "broker.log"
+                nodes.append(NodeInfo(node_id=address.node_id, pid=self._launch(address.node_id, props, log_path),
+                                      port=address.port, controller_port=address.controller_port,
+                                      properties=str(props), data_dir=str(data_dir), log_path=str(log_path)))
+                self._record(recorded())  # each node as it starts: `stop` finds whatever is running
+            info = recorded()
             self._wait_registered(info, {n.node_id for n in nodes}, timeout_s)
-        except DevstackError:
-            self._terminate_all(info)
+            if self.secure:
+                self.ensure_users(info)
+        except BaseException:
+            if nodes:
+                self._terminate_all(recorded())
             raise
         return info, downloaded
+
+    def _record(self, info: ClusterInfo) -> None:
+        _write_atomic(self.info_path, info.to_json())
 
     def _wait_registered(self, info: ClusterInfo, node_ids: set[int], timeout_s: float) -> None:
         """Until each node in ``node_ids`` answers on its own listener with metadata listing all of them
@@ -462,7 +567,7 @@ class KafkaDevstack:
                                                                      Path(node.log_path))})
         info = ClusterInfo(**{**asdict(info), "nodes": tuple(restarted if n.node_id == node_id else n
                                                              for n in info.nodes)})
-        self.info_path.write_text(info.to_json())
+        self._record(info)
         self._wait_registered(info, {node_id}, timeout_s)
         return restarted
 

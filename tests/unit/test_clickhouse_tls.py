@@ -58,7 +58,29 @@ def test_http_stays_plain(pki):
     ({"clickhouse_url": "clickhouse://host:9000/db"}, "http:// or https://"),
     ({"clickhouse_url": "http://host:8123/db", "clickhouse_ca_file": "/etc/hosts"}, "not an https:// URL"),
     ({"clickhouse_url": "https://host:8443/db", "clickhouse_ca_file": "/nonexistent/ca.pem"}, "no such file"),
+    # clickhouse-connect would turn these into client options over Sluice's own: verification off unseen
+    ({"clickhouse_url": "https://host:8443/db?verify=false"}, "query parameters"),
+    ({"clickhouse_url": "https://host:8443/db?ca_cert=/tmp/other.pem", "clickhouse_ca_file": "/etc/hosts"},
+     "query parameters"),
+    ({"clickhouse_url": "http://host:8123/db?"}, "query parameters"),
 ])
 def test_bad_clickhouse_tls_settings_fail_at_load(overrides, message):
     with pytest.raises(SettingsError, match=message):
         load_settings(env={}, **overrides)
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+def test_a_query_parameter_cannot_switch_verification_off(pki, monkeypatch):
+    """Why the URL's query is refused: given to clickhouse-connect, ``?verify=false`` wins over
+    ``clickhouse_verify`` and the store talks to a server its CA never vouched for."""
+    from pipeline.settings import Settings
+
+    monkeypatch.setattr("pipeline.settings._check_clickhouse_tls", lambda s: None)  # as before the check
+    server = OneShotTlsServer(pki)
+    settings = load_settings(env={}, clickhouse_url=f"https://127.0.0.1:{server.port}/sluice?verify=false",
+                             clickhouse_password=PASSWORD)
+    assert isinstance(settings, Settings) and settings.clickhouse_verify
+    with pytest.raises(StoreUnavailable):
+        open_store(settings)
+    assert server.done.wait(10)
+    assert server.handshake == "ok"  # an unknown CA, accepted: the DSN's parameter overrode verification
