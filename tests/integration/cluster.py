@@ -1,7 +1,8 @@
 """A throwaway multi-broker Kafka cluster for failure tests, with a small interface.
 
-``DevstackCluster`` runs the devstack's KRaft nodes (JVMs on 127.0.0.1) in a temporary state directory.
-Another implementation (containers) can stand in as long as it offers the same five members:
+``three_brokers`` gives ``ContainerKafkaCluster`` (tests/containers.py: the project's Kafka image through
+testcontainers, host network) when a Docker engine answers, else ``DevstackCluster``: the devstack's KRaft
+nodes (JVMs on 127.0.0.1) in a temporary state directory. Both offer the same members:
 ``bootstrap``, ``kill(node_id)`` (SIGKILL, no clean shutdown), ``restart(node_id)`` (same ports and
 data), ``wait_in_sync(timeout_s)`` (every partition led and fully in sync) and ``stop()``.
 """
@@ -14,6 +15,7 @@ import pytest
 
 from pipeline.devstack.kafka import KafkaDevstack
 from pipeline.settings import load_settings
+from tests import containers
 
 
 class DevstackCluster:
@@ -46,7 +48,10 @@ class DevstackCluster:
 
 @pytest.fixture
 def three_brokers(tmp_path):
-    cluster = DevstackCluster(tmp_path / "cluster-state", brokers=3)
+    if containers.engine_answers():
+        cluster = containers.ContainerKafkaCluster(brokers=3)
+    else:
+        cluster = DevstackCluster(tmp_path / "cluster-state", brokers=3)
     try:
         yield cluster.start()
     finally:
