@@ -17,6 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -29,7 +30,7 @@ from pipeline.settings import Settings
 from pipeline.sim.specimens import request_event
 from tests import containers
 from tests.conftest import free_port, wait_for
-from tests.integration.test_closed_loop import sample
+from tests.integration.test_closed_loop import KEYS, sample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +81,15 @@ def prometheus(tmp_path):
     yield start
     for stop in stoppers:
         stop()
+
+
+def scraped_worker(settings: Settings, worker_factory, prometheus) -> tuple[Settings, str]:
+    """A worker with quick ticks and test keys, its topics made, and a Prometheus scraping it: (settings, API base)."""
+    s = replace(settings, tick_s=0.25, fast_window_s=2.0, heartbeat_s=1.0, ingest_batch_within_s=0.05,
+                signing_keys=KEYS, signing_key_id="test")
+    asyncio.run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s).start()
+    return s, prometheus(f"127.0.0.1:{worker.settings.web_port}")
 
 
 def get(url: str):

@@ -10,8 +10,6 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -25,7 +23,9 @@ from pipeline.query_client import QueryFailed, run_query
 from pipeline.settings import load_settings
 from pipeline.sim.specimens import replica_sample, request_event
 from tests import containers
+from tests.conftest import wait_for
 from tests.containers import sluice_images  # noqa: F401  (the session fixture)
+from tests.integration.prometheus_fixture import get, query
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not containers.engine_answers(),
@@ -50,28 +50,6 @@ def compose_command() -> list[str]:
 def _worker_env() -> dict:
     return COMPOSE["x-worker-env"]
 
-
-def _get(url: str, timeout: float = 3.0) -> bytes | None:
-    try:
-        return urllib.request.urlopen(url, timeout=timeout).read()
-    except OSError:
-        return None
-
-
-def _until(condition, timeout_s: float, what: str, interval_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
-
-
-def _prom(base: str, expr: str) -> list:
-    body = _get(f"{base}/api/v1/query?query={urllib.parse.quote(expr)}")
-    return json.loads(body)["data"]["result"] if body else []
 
 
 @pytest.fixture
@@ -200,9 +178,10 @@ def _check_stack(stack):
     env = _worker_env()
 
     def healthy(port: int) -> bool:
-        return _get(f"http://127.0.0.1:{port}/healthz") is not None
+        return get(f"http://127.0.0.1:{port}/healthz") is not None
 
-    _until(lambda: healthy(ports["control"]) and healthy(ports["landing"]), 300, "both workers' /healthz")
+    wait_for(lambda: healthy(ports["control"]) and healthy(ports["landing"]), 300, interval_s=1.0,
+             message="both workers' /healthz")
     ready_at = time.monotonic()
     print(f"compose: both workers healthy {ready_at - stack['started']:.0f}s after `up`")
 
@@ -230,28 +209,29 @@ def _check_stack(stack):
         return rows[0]["n"] == len(sent)
 
     try:
-        _until(landed, 120, f"{len(sent)} request rows in the landing worker's store")
+        wait_for(landed, 120, interval_s=1.0, message=f"{len(sent)} request rows in the landing worker's store")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last answer: {last['answer']}") from None
 
     prometheus = f"http://127.0.0.1:{ports['prometheus']}"
-    _until(lambda: _get(f"{prometheus}/-/ready"), 60, "Prometheus ready")
+    wait_for(lambda: get(f"{prometheus}/-/ready"), 60, interval_s=1.0, message="Prometheus ready")
     instances = {f"127.0.0.1:{ports['control']}", f"127.0.0.1:{ports['landing']}"}
 
     seen = {}
 
     def scraped() -> bool:
-        seen["up"] = {r["metric"]["instance"]: r["value"][1] for r in _prom(prometheus, 'up{job="sluice"}')}
+        seen["up"] = {r["metric"]["instance"]: r["value"][1] for r in query(prometheus, 'up{job="sluice"}')}
         # a metric of each path: the control worker's picture of the pool, the landing worker's rows
-        seen["control"] = {r["metric"]["instance"] for r in _prom(prometheus, f'sluice_pool_pressure{{pool="{POOL}"}}')}
+        seen["control"] = {r["metric"]["instance"] for r in query(prometheus, f'sluice_pool_pressure{{pool="{POOL}"}}')}
         seen["landing"] = {r["metric"]["instance"]
-                           for r in _prom(prometheus, 'sluice_sink_rows_total{table="request_events"} > 0')}
+                           for r in query(prometheus, 'sluice_sink_rows_total{table="request_events"} > 0')}
         return (seen["up"] == {i: "1" for i in instances}
                 and seen["control"] == {f"127.0.0.1:{ports['control']}"}
                 and seen["landing"] == {f"127.0.0.1:{ports['landing']}"})
 
     try:
-        _until(scraped, 60, "Prometheus to scrape both workers (up == 1) and a sluice_* metric of each")
+        wait_for(scraped, 60, interval_s=1.0,
+                 message="Prometheus to scrape both workers (up == 1) and a sluice_* metric of each")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last seen: {seen}") from None
     print(f"compose: {len(signals)} signed signals, {len(sent)} rows landed, both workers scraped; "

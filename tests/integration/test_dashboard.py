@@ -9,15 +9,12 @@ scrape), each expression must evaluate without error and return at least one ser
 import asyncio
 import json
 import urllib.parse
-from dataclasses import replace
 
 import orjson
 import pytest
 
 from pipeline.sim.specimens import request_event
-from pipeline.topics import ensure_topics
-from tests.integration.prometheus_fixture import get, overload, prometheus, query_status  # noqa: F401 (fixture)
-from tests.integration.test_closed_loop import KEYS
+from tests.integration.prometheus_fixture import get, overload, prometheus, query_status, scraped_worker  # noqa: F401 (fixture)
 from tests.unit.test_dashboard import DASHBOARD, queries
 
 pytestmark = pytest.mark.integration
@@ -28,11 +25,7 @@ BAD = tuple((b"task-1", value) for value in (b"{not json", orjson.dumps(request_
 
 
 def test_every_dashboard_query_evaluates_and_returns_series(settings, worker_factory, prometheus):
-    s = replace(settings, tick_s=0.25, fast_window_s=2.0, heartbeat_s=1.0, ingest_batch_within_s=0.05,
-                signing_keys=KEYS, signing_key_id="test")
-    asyncio.run(ensure_topics(s, s.kafka_bootstrap_servers))
-    worker = worker_factory(s).start()
-    base = prometheus(f"127.0.0.1:{worker.settings.web_port}")
+    s, base = scraped_worker(settings, worker_factory, prometheus)
     # Grafana's $__rate_interval: max($__interval + scrape interval, 4 × scrape interval); 10 s for a short range
     pending = dict(queries(pool="hot", rate_interval="10s", interval="1s", range_="5m"))
     answers: dict[str, dict] = {}

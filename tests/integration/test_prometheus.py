@@ -1,23 +1,16 @@
 """A real Prometheus (Debian's binary) scraping a worker through an overload: rules evaluate, alerts fire."""
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 
-from pipeline.topics import ensure_topics
-from tests.integration.prometheus_fixture import firing, overload, prometheus, query  # noqa: F401 (fixture)
-from tests.integration.test_closed_loop import KEYS
+from tests.integration.prometheus_fixture import firing, overload, prometheus, query, scraped_worker  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
 
 def test_prometheus_evaluates_recording_rules_and_fires_the_shedding_alert(settings, worker_factory, prometheus):
-    s = replace(settings, tick_s=0.25, fast_window_s=2.0, heartbeat_s=1.0, ingest_batch_within_s=0.05,
-                signing_keys=KEYS, signing_key_id="test")
-    asyncio.run(ensure_topics(s, s.kafka_bootstrap_servers))
-    worker = worker_factory(s).start()
-    base = prometheus(f"127.0.0.1:{worker.settings.web_port}")
+    s, base = scraped_worker(settings, worker_factory, prometheus)
 
     async def scenario():
         pump = asyncio.create_task(overload(s, 90))
