@@ -55,7 +55,7 @@ compose_available() {
 }
 
 engine_answers() {
-  timeout 20 docker info >/dev/null 2>&1
+  timeout 10 docker info >/dev/null 2>&1
 }
 
 check
@@ -92,7 +92,8 @@ if ((containers)) && ! engine_answers; then
     echo "prerequisites: starting dockerd --storage-driver=$driver --iptables=false (log $log)" >&2
     setsid nohup dockerd --storage-driver="$driver" --iptables=false >>"$log" 2>&1 </dev/null &
     pid=$!
-    for _ in $(seq 120); do
+    deadline=$((SECONDS + 60))
+    while ((SECONDS < deadline)); do
       engine_answers && break 2
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.5
