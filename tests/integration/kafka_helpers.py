@@ -92,3 +92,15 @@ async def replace_topic_config(bootstrap: str, topic: str, config: dict[str, str
                 assert code == 0, f"cannot alter {topic}'s config: error {code} {message}"
     finally:
         await admin.close()
+
+
+def landed_requests(settings) -> dict:
+    """``{"rows", "ids"}`` of the store's request_events: equal counts mean nothing landed twice."""
+    from pipeline.sinks.store import open_store
+
+    store = open_store(settings)
+    try:
+        counts, = store.query("SELECT count() AS rows, uniqExact(event_id) AS ids FROM request_events")
+    finally:
+        store.close()
+    return counts

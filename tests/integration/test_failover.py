@@ -32,11 +32,10 @@ from pipeline.router.kafka_client import RouterClient
 from pipeline.settings import load_settings
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import Fleet, generate, load_trace
-from pipeline.sinks.store import open_store
 from pipeline.worker_process import WorkerProcess
 from tests.conftest import free_port, run, wait_for
 from tests.integration.cluster import three_brokers  # noqa: F401  (fixture)
-from tests.integration.kafka_helpers import group_lag, read_all
+from tests.integration.kafka_helpers import group_lag, landed_requests, read_all
 
 pytestmark = pytest.mark.integration
 POOLS = ("pool-a", "pool-b")
@@ -238,11 +237,7 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
 
     in_log = request_ids_in_log(cluster.bootstrap, topics.REQUESTS.name(settings))
     doubled_in_log = {event_id: n for event_id, n in in_log.items() if n > 1}
-    store = open_store(settings)
-    try:
-        landed, = store.query("SELECT count() AS rows, uniqExact(event_id) AS ids FROM request_events")
-    finally:
-        store.close()
+    landed = landed_requests(settings)
     print(f"\nfailover: {published} request events published over {traffic_ended - began:.0f} s (every pool "
           f"signalled {ready - began:.1f} s in); node {victim} (leading {leads[victim]} of {sum(leads.values())} "
           f"partitions) killed {killed_at - ready:.1f} s after that, signals of every pool again "

@@ -24,9 +24,9 @@ from pipeline.router.kafka_client import RouterClient
 from pipeline.settings import load_settings
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import Fleet, generate, load_trace
-from pipeline.sinks.store import open_store
 from pipeline.topic_reader import open_from_beginning, read_to_end
 from pipeline.worker_process import WorkerProcess
+from tests.integration.kafka_helpers import landed_requests
 from tests.conftest import free_port, run, wait_for
 from tests.integration.cluster import DevstackCluster
 
@@ -279,11 +279,7 @@ def test_the_pipeline_runs_authenticated_end_to_end(secure, tmp_path):
                  message="every request event to land")
     finally:
         worker.stop()
-    store = open_store(worker_settings)
-    try:
-        rows, = store.query("SELECT count() AS rows, uniqExact(event_id) AS ids FROM request_events")
-    finally:
-        store.close()
+    rows = landed_requests(worker_settings)
     assert rows == {"rows": len(requests), "ids": len(requests)}
     print(f"\nsecure pipeline: {len(requests)} request events from `router`, {len(replicas)} samples from "
           f"`gpu-agent`, signals for {sorted(seen)} verified by an authenticated router client, "

@@ -17,10 +17,9 @@ from pipeline.load.picture import PoolState
 from pipeline.pools_view import latest_pictures
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import Fleet, generate, load_trace
-from pipeline.sinks.store import open_store
 from pipeline.topic_reader import open_from_beginning
 from tests.conftest import run, wait_for
-from tests.integration.kafka_helpers import group_lag
+from tests.integration.kafka_helpers import group_lag, landed_requests
 
 pytestmark = pytest.mark.integration
 POOLS = ("pool-a", "pool-b", "pool-c", "pool-d")
@@ -138,11 +137,7 @@ def test_control_workers_scale_out_and_a_killed_one_costs_a_bounded_gap_and_no_d
              message="the restarted landing worker to catch up")
     landing.stop()
     requests = [e for e in events if e.kind == "request"]
-    store = open_store(base)
-    try:
-        landed, = store.query("SELECT count() AS rows, uniqExact(event_id) AS ids FROM request_events")
-    finally:
-        store.close()
+    landed = landed_requests(base)
     assert landed == {"rows": len(requests), "ids": len(requests)}
     print(f"\nscale-out: {len(events)} events at {RATE}/s over 3 control workers; worker 0 killed at "
           f"{killed_at - began:.0f} s; longest signal gap per pool {', '.join(f'{p} {g:.1f}s' for p, g in gaps.items())}; "
