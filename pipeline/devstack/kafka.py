@@ -491,7 +491,7 @@ class KafkaDevstack:
                 self.ensure_users(info)
         except BaseException:
             if nodes:
-                self._terminate_all(recorded())
+                self._terminate_all(recorded(), just_launched=True)
             raise
         return info, downloaded
 
@@ -527,21 +527,25 @@ class KafkaDevstack:
         self._terminate_all(info)
         return True
 
-    def _terminate_all(self, info: ClusterInfo) -> None:
+    def _terminate_all(self, info: ClusterInfo, just_launched: bool = False) -> None:
+        """Stop every node. ``just_launched``: our own children of this start, which may not have exec'd java
+        yet (an empty command line), so they are told by their pid alone."""
+        running = (lambda n: not _exited(n.pid)) if just_launched else self._alive
         for node in info.nodes:
-            _signal(node, signal.SIGTERM, self._alive(node))
+            _signal(node, signal.SIGTERM, running(node))
         for node in info.nodes:
-            self._wait_gone(node, 30.0)
+            self._wait_gone(node, 30.0, running)
         self.info_path.unlink(missing_ok=True)
 
-    def _wait_gone(self, node: NodeInfo, timeout_s: float) -> None:
+    def _wait_gone(self, node: NodeInfo, timeout_s: float, running=None) -> None:
+        running = running or self._alive
         deadline = time.monotonic() + timeout_s
-        while self._alive(node) and time.monotonic() < deadline:
+        while running(node) and time.monotonic() < deadline:
             _reap(node.pid)
             time.sleep(0.1)
-        if self._alive(node):
+        if running(node):
             _signal(node, signal.SIGKILL, True)
-            while self._alive(node):
+            while running(node):
                 _reap(node.pid)
                 time.sleep(0.05)
         _reap(node.pid)  # a killed child of ours is a zombie (no command line) until collected

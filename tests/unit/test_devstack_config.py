@@ -6,6 +6,7 @@ replaced whole."""
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -247,7 +248,10 @@ def test_a_failed_launch_stops_the_nodes_already_started(tmp_path, monkeypatch):
     def launch(node_id, props, log_path):
         if node_id == 3:
             raise OSError("no more processes")
-        proc = subprocess.Popen(stand_in(props), start_new_session=True)
+        # not yet exec'd into a node when the launch fails (as a JVM just after Popen): no kafka.Kafka in its
+        # command line for its first seconds, so only its pid tells it is ours
+        late = {**os.environ, "NODE": shlex.join(stand_in(props))}
+        proc = subprocess.Popen(["sh", "-c", 'sleep 3; eval exec "$NODE"'], env=late, start_new_session=True)
         pids.append(proc.pid)
         assert stack.info() is None or len(stack.info().nodes) == node_id - 1  # recorded as each one starts
         return proc.pid
