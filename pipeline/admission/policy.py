@@ -13,10 +13,13 @@ never shed while a lower class is still admitted. L has two parts:
 
 - a **feed-forward** level: the smallest L at which the offered work (every
   attempt per class, retries of shed work included, from the demand axis)
-  fits ``feed_forward_utilisation`` × the pool's admitted capacity — so a
+  fits ``feed_forward_utilisation`` × the pool's serving capacity — so a
   spike is met within one window, not after an integrator has wound up, and
   shed work that comes back is budgeted like new work instead of riding on
-  top of the admitted rate;
+  top of the admitted rate. The capacity is the profile's requests/s, or
+  what the pool completes per second while a standing queue shows it serves
+  less (heavier requests than the profile was measured on), relaxed back
+  while the fleet shows headroom (``serving_capacity``);
 - a **proportional** part, ``proportional`` × (pressure − ``target_pressure``)
   while pressure is above target: immediate, and gone when pressure falls;
 - a **trim** that integrates the admission pressure above
@@ -72,6 +75,9 @@ class AdmissionConfig:
     level_step_up: float = 0.5    # the shed level moves at most this much per tick up ...
     level_step_down: float = 0.1  # ... and this much down: bounded steps, no cliffs either way
     reversal_deadband: float = 0.1  # the level turns back only by more than this (no sawing on noise)
+    saturated_queue_pressure: float = 1.0  # a queue this deep (queue-axis pressure): the pool serves all it can ...
+    capacity_recovery: float = 0.02  # ... so its completions/s are its capacity, which relaxes back by this share
+    # per tick while the leading axes show headroom (serving_capacity)
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
@@ -110,6 +116,8 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
         raise ValueError("admission_policy: need three rising enter thresholds, each above its leave threshold")
     if not 0 <= cfg.critical_floor <= 1 or cfg.max_step_up <= 0 or cfg.step_down <= 0:
         raise ValueError("admission_policy: critical_floor in [0, 1], steps positive")
+    if cfg.saturated_queue_pressure <= 0 or cfg.capacity_recovery <= 0:
+        raise ValueError("admission_policy: saturated_queue_pressure and capacity_recovery must be positive")
     return cfg
 
 
@@ -128,6 +136,7 @@ class Decision:
     stale_since_ms: int | None = None
     direction: int = 0      # the level's last move: +1 shedding more, -1 less, 0 none yet
     held_since_ms: int = 0  # when the deadband started holding a turn (0: not holding)
+    capacity_rps: float = 0.0  # requests/s the pool serves now, measured (0: the profile's figure)
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -185,7 +194,32 @@ def busy(picture: Mapping[str, Any]) -> float:
     return max(admitted_pressure, float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
 
 
-def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
+def serving_capacity(picture: Mapping[str, Any], previous_rps: float, cfg: AdmissionConfig) -> float:
+    """Requests/s the pool can serve now: the profile's figure, or less when a standing queue shows less.
+
+    The profile's capacity holds for the request mix it was measured on; when
+    requests get heavier (prompts four times longer, a KV cache that binds
+    first) the same requests/s is several times the work. A queue at least
+    ``saturated_queue_pressure`` deep means the replicas serve all they can,
+    so what completes per second is the capacity for this mix. Without such a
+    queue the measured figure relaxes back toward the profile's by
+    ``capacity_recovery`` a tick (a cold or slower fleet is not trusted at
+    once with its full figure).
+    """
+    limit = float(picture["axes"]["demand"]["limit"])
+    queue = picture["axes"]["queue"]
+    drain = float((queue.get("detail") or {}).get("drain_rps") or 0.0)
+    if float(queue["pressure"]) >= cfg.saturated_queue_pressure and drain > 0:
+        return min(limit, drain)
+    if not previous_rps:
+        return limit
+    leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
+    if leading >= cfg.recover_pressure:
+        return min(limit, previous_rps)   # no headroom shown yet: hold
+    return min(limit, previous_rps * (1 + cfg.capacity_recovery))
+
+
+def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacity_rps: float | None = None) -> float:
     """The smallest shed level at which the offered attempts fit the admitted capacity."""
     demand = picture["axes"]["demand"]
     detail = demand.get("detail") or {}
@@ -193,7 +227,8 @@ def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig) -> floa
     if not offered:
         return 0.0
     top = len(SHED_ORDER) - cfg.critical_floor
-    budget = cfg.feed_forward_utilisation * float(demand["limit"])
+    limit = float(demand["limit"]) if capacity_rps is None else capacity_rps
+    budget = cfg.feed_forward_utilisation * limit
     rates = [float(offered.get(name, 0.0)) for name in SHED_ORDER]
     if sum(rates) <= budget:
         return 0.0
@@ -238,6 +273,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
 
     held_since = 0
+    capacity = previous.capacity_rps
     if stale:
         stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
         level = previous.shed_level
@@ -258,7 +294,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
             trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
         elif pressure < cfg.recover_pressure or busy(picture) < cfg.windup_utilisation:
             trim -= cfg.step_down
-        forward = feed_forward_level(picture, cfg) if cfg.feed_forward else 0.0
+        capacity = serving_capacity(picture, previous.capacity_rps, cfg)
+        forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
@@ -316,7 +353,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
-                    stale_since_ms=stale_since, direction=direction, held_since_ms=held_since, signal=signal)
+                    stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
+                    capacity_rps=round(capacity, 6), signal=signal)
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can

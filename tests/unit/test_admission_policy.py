@@ -276,3 +276,55 @@ def test_a_turn_that_persists_past_the_dwell_is_made():
     start = Decision("p", shed_level=0.15, trim=0.05, direction=1, state="overloaded")
     decisions = run([{"kv_cache": 0.95}] * 80, start=start)
     assert decisions[0].shed_level == 0.15 and decisions[-1].shed_level < 0.15
+
+
+def heavy(now, queue=0.0, drain=10.0, offered=20.0, limit=40.0, **pressures):
+    """A picture whose offered requests/s fit the profile's limit, with a queue of the given pressure."""
+    p = picture(watermark=now, waiting=int(queue * 10), drain=drain, queue=queue, **pressures)
+    p["axes"]["demand"]["limit"] = limit
+    share = offered / len(SHED_ORDER)
+    p["axes"]["demand"]["detail"] |= {"offered_rps": {c: share for c in SHED_ORDER}, "admitted_rps": offered}
+    return p
+
+
+def test_a_standing_queue_sets_the_capacity_the_feed_forward_budgets():
+    """Requests four times heavier than the profile's: 20 req/s fit its 40, but the replicas complete 10 with
+    a standing queue — the feed-forward budgets those 10 at once instead of waiting for a trim to wind up."""
+    calm = decide(heavy(TICK, queue=0.2), Decision("p"), CFG, TICK)
+    assert calm.capacity_rps == 40.0 and calm.shed_level == 0.0
+    queued = decide(heavy(2 * TICK, queue=1.2, drain=10.0), calm, CFG, 2 * TICK)
+    assert queued.capacity_rps == 10.0
+    # 0.85 × 10 of 20 offered: the two lowest classes go, and the feed-forward says so in one tick
+    assert queued.shed_level == pytest.approx(CFG.level_step_up)
+    later = queued
+    for i in range(3, 12):
+        later = decide(heavy(i * TICK, queue=1.2, drain=10.0), later, CFG, i * TICK)
+    fractions = later.signal["admit_fraction"]
+    assert fractions["deferrable"] == fractions["sheddable"] == 0.0 and fractions["critical"] == 1.0
+
+
+def test_a_measured_capacity_is_held_without_headroom_and_relaxes_back_with_it():
+    d = decide(heavy(TICK, queue=1.5, drain=10.0), Decision("p"), CFG, TICK)
+    assert d.capacity_rps == 10.0
+    held = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.95), d, CFG, 2 * TICK)   # the queue is gone, the cache is not
+    assert held.capacity_rps == 10.0
+    capacities = []
+    for i in range(3, 200):
+        held = decide(heavy(i * TICK, queue=0.1, kv_cache=0.5), held, CFG, i * TICK)
+        capacities.append(held.capacity_rps)
+    steps = [b / a for a, b in zip(capacities, capacities[1:]) if b > a]
+    assert max(steps) <= 1 + CFG.capacity_recovery + 1e-6
+    assert capacities[-1] == 40.0 and max(capacities) == 40.0   # back to the profile's figure, never above it
+
+
+def test_a_drain_above_the_profile_does_not_raise_the_capacity():
+    d = decide(heavy(TICK, queue=2.0, drain=80.0), Decision("p"), CFG, TICK)
+    assert d.capacity_rps == 40.0
+
+
+@pytest.mark.parametrize("knob", ["saturated_queue_pressure", "capacity_recovery"])
+def test_capacity_knobs_must_be_positive(knob):
+    from pipeline.admission.policy import config_from
+
+    with pytest.raises(ValueError, match=knob):
+        config_from({knob: 0})
