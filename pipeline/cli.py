@@ -242,14 +242,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from .query_client import render
-    from .sim.scenarios import SCENARIOS, Fleet, compare, slo_capacity
-
-    from .sim.scenarios import compare_seeds
-
     from .sim.replica import Hardware
+    from .sim.scenarios import SCENARIOS, Fleet, compare, compare_seeds, slo_capacity
 
+    if args.chunked_prefill < 0:
+        print("sluice sim: --chunked-prefill takes a token budget per engine step (0: off)", file=sys.stderr)
+        return 2
+    hardware = Hardware(priority_scheduling=args.engine_priority, max_batched_tokens=args.chunked_prefill)
     fleet = Fleet(replicas=args.replicas, duration_s=args.seconds, seed=args.seed, arrivals=args.arrivals,
-                  burstiness=args.burstiness, hardware=Hardware(priority_scheduling=args.engine_priority))
+                  burstiness=args.burstiness, hardware=hardware)
     names = tuple(args.scenario or SCENARIOS)
     if args.seeds:
         first, _, last = args.seeds.partition("-")
@@ -375,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seeds", help="a range of seeds, e.g. 1-5: every scenario under each, in parallel processes")
     sim.add_argument("--engine-priority", action="store_true",
                      help="replicas schedule critical work first (vLLM --scheduling-policy priority) instead of FCFS")
+    sim.add_argument("--chunked-prefill", type=int, default=0, metavar="TOKENS",
+                     help="replicas process at most TOKENS per step, long prompts prefilled in chunks (vLLM "
+                          "max_num_batched_tokens with chunked prefill, e.g. 8192); 0: a step prefills every prompt "
+                          "it takes in, whole")
     sim.add_argument("--goals", action="store_true",
                      help="print Sluice's ratios and the goals each (scenario, seed) misses; exit 1 if any")
     sim.add_argument("--arrivals", choices=("trace", "gamma"), default="trace",

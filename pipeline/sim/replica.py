@@ -39,6 +39,10 @@ class Hardware:
     # vLLM's --scheduling-policy priority: urgent sequences (rank 0, critical work) are taken from the
     # queue before the rest; default FCFS, as engines run out of the box
     priority_scheduling: bool = False
+    # vLLM's max_num_batched_tokens with chunked prefill (on by default in vLLM V1): a step processes at most
+    # this many tokens, decodes first, and a long prompt is prefilled over several steps; 0: no budget, every
+    # prompt admitted into a step is prefilled in that step whatever its length
+    max_batched_tokens: int = 0
 
 
 @dataclass
@@ -58,6 +62,9 @@ class Sequence:
     running: bool = False
     planned: bool = False     # admitted into the step in progress
     rank: int = 1             # 0: urgent (critical work), served first under priority scheduling
+    prefill_left: int = 0     # prompt tokens still to prefill (chunked prefill)
+    chunk: int = 0            # of which the step in progress prefills
+    reserved: int = 0         # KV tokens held while its prefill is under way (chunked prefill)
 
     def context(self) -> int:
         return self.prompt_tokens + self.generated
@@ -86,6 +93,9 @@ class Replica:
         self._finish: list[tuple[int, int, Sequence]] = []
         self._admissions = 0
         self._planned: list[Sequence] = []
+        self._taken: list[Sequence] = []        # taken in from the queue by the step in progress
+        self.prefilling: list[Sequence] = []    # admitted, prefill under way over several steps (chunked)
+        self._reserved = 0                      # KV tokens they hold
         self._too_long: list[Sequence] = []
         self.busy = False
         # cumulative counters, as an engine's /metrics would show them
@@ -98,7 +108,7 @@ class Replica:
     # -- observation ---------------------------------------------------------------------------------
 
     def kv_used(self) -> int:
-        return self._prompt_sum + len(self.running) * self.steps - self._base_sum
+        return self._prompt_sum + len(self.running) * self.steps - self._base_sum + self._reserved
 
     def kv_usage(self) -> float:
         return min(1.0, self.kv_used() / self.hw.kv_capacity_tokens)
@@ -123,6 +133,8 @@ class Replica:
         seq.active = False
         if seq.running:
             self._release(seq)
+        elif seq.reserved:
+            self._unreserve(seq)
         elif not seq.planned:
             self.waiting_count -= 1
 
@@ -131,7 +143,7 @@ class Replica:
         for seq in self.running.values():
             seq.generated = self.steps - seq.base
         lost = [s for s in self.running.values()] + [s for s in (*self.urgent, *self.waiting) if s.active]
-        lost += [s for s in self._planned if s.active]
+        lost += [s for s in self._planned if s.active] + [s for s in self.prefilling if s.active and not s.planned]
         for seq in lost:
             seq.active = False
             seq.running = False
@@ -142,11 +154,20 @@ class Replica:
         self.waiting_count = 0
         self._finish.clear()
         self._planned = []
+        self._taken = []
+        self.prefilling = []
+        self._reserved = 0
         self._too_long = []
         self._prompt_sum = self._base_sum = 0
         self.alive = False
         self.busy = False
         return lost
+
+    def _unreserve(self, seq: Sequence) -> None:
+        self._reserved -= seq.reserved
+        seq.reserved = 0
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
 
     def _release(self, seq: Sequence) -> None:
         seq.running = False
@@ -158,18 +179,34 @@ class Replica:
 
     def planned(self) -> list[Sequence]:
         """The sequences the step in progress takes in from the queue."""
-        return self._planned
+        return self._taken
 
     def has_work(self) -> bool:
-        return bool(self.running) or self.waiting_count > 0
+        return bool(self.running) or bool(self.prefilling) or self.waiting_count > 0
 
     def start_step(self) -> float:
-        """Admit what fits, and return the step's duration."""
+        """Admit what fits, and return the step's duration.
+
+        With ``max_batched_tokens`` the step's tokens are budgeted: one per running sequence first, then the
+        prefills under way, then new sequences from the queue, the last one taken in possibly only in part.
+        """
         cap = self.hw.kv_capacity_tokens
         free = cap * (1 - self.hw.kv_watermark) - self.kv_used() - len(self.running)
+        chunked = self.hw.max_batched_tokens > 0
+        budget = self.hw.max_batched_tokens - len(self.running) if chunked else float("inf")
         prefill = 0
         planned: list[Sequence] = []
-        while (self.urgent or self.waiting) and len(self.running) + len(planned) < self.hw.max_batch:
+        for seq in self.prefilling:
+            if prefill >= budget:
+                break
+            seq.chunk = int(min(seq.prefill_left, budget - prefill))
+            prefill += seq.chunk
+            if seq.chunk == seq.prefill_left:
+                seq.planned = True
+                planned.append(seq)
+        taken: list[Sequence] = []
+        while ((self.urgent or self.waiting) and prefill < budget
+               and len(self.running) + len(self.prefilling) + len(taken) < self.hw.max_batch):
             queue = self.urgent if self.urgent else self.waiting
             head = queue[0]
             if not head.active:
@@ -189,14 +226,23 @@ class Replica:
             free -= need
             if head.preempted:
                 head.recomputed_tokens += head.context()
-                prefill += head.context()
+                work = head.context()
             else:
-                prefill += max(0, head.prompt_tokens - head.cached_tokens)
+                work = max(0, head.prompt_tokens - head.cached_tokens)
                 self.prefix_queries_total += head.prompt_tokens
                 self.prefix_hits_total += head.cached_tokens
-            head.planned = True
-            planned.append(head)
+            taken.append(head)
+            head.prefill_left, head.chunk = work, int(min(work, budget - prefill))
+            prefill += head.chunk
+            if head.chunk == work:
+                head.planned = True
+                planned.append(head)
+            else:   # the rest of its prompt in the next steps; its KV is held meanwhile
+                head.reserved = need
+                self._reserved += need
+                self.prefilling.append(head)
         self._planned = planned
+        self._taken = taken
         self.prompt_tokens_total += prefill
         batch = len(self.running) + len(planned)
         duration = self.hw.decode_base_s + self.hw.decode_per_seq_s * batch + prefill / self.hw.prefill_tokens_per_s
@@ -207,8 +253,13 @@ class Replica:
         """Admitted sequences join the batch; every running one gets a token; overflow is preempted."""
         out = StepResult(failed=self._too_long)
         self._too_long = []
+        for seq in self.prefilling:
+            seq.prefill_left -= seq.chunk
+            seq.chunk = 0
         for seq in self._planned:
             seq.planned = False
+            if seq.reserved:
+                self._unreserve(seq)
             if not seq.active:
                 continue  # aborted while its step ran
             seq.running = True
@@ -219,6 +270,7 @@ class Replica:
             self._admissions += 1  # ties break by admission order, never by memory address
             heapq.heappush(self._finish, (seq.base + seq.output_tokens, self._admissions, seq))
         self._planned = []
+        self._taken = []
         self.steps += 1
         self.generation_tokens_total += len(self.running)
         for seq in self.running.values():

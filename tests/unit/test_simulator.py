@@ -126,3 +126,42 @@ def test_engine_priority_scheduling_takes_critical_work_first():
         replica.enqueue(Sequence("critical", 100, 0, 10, rank=0))
         replica.start_step()
         assert [s.owner for s in replica.planned()] == [first]
+
+
+def test_chunked_prefill_bounds_each_step_and_keeps_decoding():
+    """vLLM's max_num_batched_tokens: a 5,000-token prompt is prefilled 1,000 tokens a step (less the running
+    sequences' decode tokens) while a running sequence keeps getting a token every step; its first token comes
+    when the last chunk is done, and its KV is held from the first chunk."""
+    hw = Hardware(max_batched_tokens=1000)
+    replica = Replica("r", hw)
+    replica.enqueue(Sequence("short", 100, 0, 50))
+    replica.start_step()
+    assert [s.owner for s in replica.finish_step().first_tokens] == ["short"]
+    replica.enqueue(Sequence("long", 5000, 0, 10))
+    steps, prefilled, firsts = 0, [], []
+    while not firsts:
+        before = replica.prompt_tokens_total
+        duration = replica.start_step()
+        prefilled.append(replica.prompt_tokens_total - before)
+        assert duration <= hw.decode_base_s + 2 * hw.decode_per_seq_s + 999 / hw.prefill_tokens_per_s + 1e-9
+        assert replica.kv_used() >= 5000   # held while the prefill is under way
+        generated = replica.generation_tokens_total
+        firsts = [s.owner for s in replica.finish_step().first_tokens]
+        assert replica.generation_tokens_total - generated >= 1   # "short" decoded in every step
+        steps += 1
+    assert firsts == ["long"] and sum(prefilled) == 5000 and max(prefilled) == 999 and steps == 6
+
+
+def test_chunked_prefill_frees_what_an_aborted_or_lost_prefill_held():
+    replica = Replica("r", Hardware(max_batched_tokens=1000))
+    seq = Sequence("long", 5000, 0, 10)
+    replica.enqueue(seq)
+    replica.start_step()
+    replica.finish_step()
+    assert replica.kv_used() == 5001 and replica.prefilling == [seq]
+    replica.abort(seq)
+    assert replica.kv_used() == 0 and not replica.prefilling and not replica.has_work()
+    other = Sequence("other", 5000, 0, 10)
+    replica.enqueue(other)
+    replica.start_step()
+    assert replica.fail_all() == [other] and replica.kv_used() == 0
