@@ -88,9 +88,17 @@ def handled(worker: WorkerProcess, role: str) -> float:
                if sample.name in HANDLED[role])
 
 
-def _request_events(events: int) -> list:
-    requests_only = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=11,
-                                         start_ms=int(time.time() * 1000)) if e.kind == "request")
+BACKLOG_S = 10 * 3600   # generated traffic spans at most this much event time, all of it in the past
+
+
+def _request_events(events: int, seed: int = 11) -> list:
+    """Request events of a backlog that ends now: every one valid for the workers' time bounds.
+
+    Traffic generated forward from now would run ahead of the workers' clock after the first
+    ``max_clock_skew_s`` and be dead-lettered (event_time_ahead): a benchmark of dead-lettering.
+    """
+    requests_only = (e for e in generate(load_trace(), rate=500, seconds=BACKLOG_S, seed=seed,
+                                         start_ms=int(time.time() * 1000) - BACKLOG_S * 1000) if e.kind == "request")
     return list(islice(requests_only, events))
 
 
@@ -185,10 +193,8 @@ def _landing_blocks(rows: int, block_rows: int) -> list[tuple[bytes, str]]:
     from .ingest import Record
     from .sinks.blocks import process_block
 
-    requests = (e for e in generate(load_trace(), rate=500, seconds=10 * 3600, seed=13,
-                                    start_ms=int(time.time() * 1000)) if e.kind == "request")
     records = [Record("bench", 0, i, None, e.key.encode(), orjson.dumps(e.event))
-               for i, e in enumerate(islice(requests, rows))]
+               for i, e in enumerate(_request_events(rows, seed=13))]
     blocks = [process_block(RequestEvent, records[i:i + block_rows], 1 << 20, 0)
               for i in range(0, len(records), block_rows)]
     return [(b"\n".join(b.landed_rows()), b.token(b.table)) for b in blocks]
