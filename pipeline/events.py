@@ -180,16 +180,20 @@ def decode(cls: type[Event], value: bytes | None, key: bytes | None, max_bytes: 
         if key is None:
             raise Invalid("null_key", f"record has no key; {cls.__name__} is keyed by {cls.key_field}")
         fast = FAST.get(cls.schema)
-        document = fast.document(value) if fast is not None else None
-        if document is None:  # refused or not certain: the full validator decides, and names the reason
+        event = fast.event(value, cls) if fast is not None else None
+        document = None
+        if event is None:  # refused or not certain: the full validator decides, and names the reason
             document = validate(cls.schema, _parse(value))
-        expected = document[cls.key_field]
+        expected = document[cls.key_field] if event is None else getattr(event, cls.key_field)
         if key != expected.encode():
             raise Invalid("key_mismatch", f"record key {describe(key)} differs from {cls.key_field} "
                                           f"{describe(expected)}; the key decides the partition")
         # one event, one id: a UUID re-sent in upper case must not pass the duplicate checks as another event
-        document["event_id"] = document["event_id"].lower()
-        return cls(**document)
+        if event is None:
+            document["event_id"] = document["event_id"].lower()
+            return cls(**document)
+        event.event_id = event.event_id.lower()
+        return event
     except Invalid as exc:
         return Rejected(exc.reason, exc.detail[:1024])
     except Exception as exc:  # a decoder bug must cost one dead letter, not the pipeline

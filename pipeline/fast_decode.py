@@ -12,7 +12,8 @@ common case, skip the slow path (docs/performance.md).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Optional, Union
+import re
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import msgspec
 
@@ -31,6 +32,37 @@ def _ecma(pattern: str) -> str:
     return pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
 
 
+KNOWN_GOOD_MAX = 4096   # values remembered per pattern as matching it (tenants, pools, models repeat)
+
+
+def _pattern_check(patterns: list[tuple[str, str]]) -> Callable[[Any], bool]:
+    """One function struct → whether every patterned string property matches its ``pattern``.
+
+    Checked after decoding instead of inside msgspec, which matches every
+    value every time: most patterned values repeat from event to event
+    (tenant, pool, model, replica), so each is matched once and remembered,
+    up to ``KNOWN_GOOD_MAX`` values per property, and the regular expression
+    runs only for new ones (ids). Generated as one function: a call per
+    property cost more than the matching it saves. A null or absent value is
+    the struct's type to judge, not the pattern's.
+    """
+    namespace: dict[str, Any] = {"UNSET": msgspec.UNSET, "MAX": KNOWN_GOOD_MAX}
+    lines = ["def check(s):"]
+    for i, (field, pattern) in enumerate(patterns):
+        if not field.isidentifier():
+            raise ValueError(f"fast decoder cannot check property {field!r}")
+        namespace[f"search{i}"], namespace[f"known{i}"] = re.compile(pattern).search, set()
+        lines += [f"    v = s.{field}",
+                  f"    if v is not None and v is not UNSET and v not in known{i}:",
+                  f"        if search{i}(v) is None:",
+                  "            return False",
+                  f"        if len(known{i}) < MAX:",
+                  f"            known{i}.add(v)"]
+    lines.append("    return True")
+    exec("\n".join(lines), namespace)
+    return namespace["check"]
+
+
 def _annotation(name: str, spec: dict) -> Any:
     unknown = {k for k in spec if k not in KNOWN and not k.startswith("x-")}
     if unknown:
@@ -43,8 +75,6 @@ def _annotation(name: str, spec: dict) -> Any:
     nullable = "null" in types
     (kind,) = [t for t in types if t != "null"]
     meta = {name: spec[keyword] for keyword, name in META.items() if keyword in spec}
-    if "pattern" in spec:
-        meta["pattern"] = _ecma(spec["pattern"])
     if kind == "number":  # an integer stays an exact int (a float would round 10**18 + 1 into range)
         whole = {k: (math.ceil(v) if k in ("ge", "lt") else math.floor(v)) for k, v in meta.items()}
         base = Union[Annotated[int, msgspec.Meta(**whole)], Annotated[float, msgspec.Meta(**meta)]]
@@ -79,18 +109,58 @@ class FastSchema:
         self.struct = msgspec.defstruct(name, fields, forbid_unknown_fields=True, kw_only=True)
         self.decoder = msgspec.json.Decoder(self.struct)
         self.conditions = _conditions(schema)
+        self.patterns_match = _pattern_check([(p, _ecma(spec["pattern"])) for p, spec in schema["properties"].items()
+                                              if "pattern" in spec])
+        self.names = tuple(schema["properties"])
+        self._builders: dict[type, Callable[[Any], Any]] = {}
 
-    def document(self, value: bytes) -> dict[str, Any] | None:
-        """The document when the schema certainly accepts it; None sends it to the full validator."""
+    def _accepted(self, value: bytes) -> Any:
+        """The decoded struct when the schema certainly accepts ``value``, else None."""
         try:
             decoded = self.decoder.decode(value)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
-        doc = msgspec.to_builtins(decoded)   # a dict without the absent (UNSET) fields
+        if not self.patterns_match(decoded):
+            return None
         for field, values, needed in self.conditions:
-            if doc.get(field) in values and any(n not in doc for n in needed):
+            if getattr(decoded, field) in values and any(getattr(decoded, n) is msgspec.UNSET for n in needed):
                 return None
-        return doc
+        return decoded
+
+    def document(self, value: bytes) -> dict[str, Any] | None:
+        """The document when the schema certainly accepts it; None sends it to the full validator."""
+        decoded = self._accepted(value)
+        return None if decoded is None else msgspec.to_builtins(decoded)   # absent (UNSET) fields left out
+
+    def event(self, value: bytes, cls: type) -> Any:
+        """``cls(**document(value))`` without the document: the struct's fields straight into the event
+        (absent ones as None, the event's default); None sends the record to the full validator."""
+        decoded = self._accepted(value)
+        if decoded is None:
+            return None
+        build = self._builders.get(cls)
+        if build is None:
+            build = self._builders[cls] = _builder(cls, self.names)
+        return build(decoded)
+
+
+def _builder(cls: type, names: tuple[str, ...]) -> Callable[[Any], Any]:
+    """A function struct → ``cls``, every property passed by name, UNSET as None (generated: one call
+    with no per-field loop in Python). An absent property becomes None, so ``cls`` must default every
+    property it may lack to None, or this fails rather than build a different event."""
+    import dataclasses
+    import keyword
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for n in names:
+        if not n.isidentifier() or keyword.iskeyword(n) or n not in defaults:
+            raise ValueError(f"fast decoder cannot build {cls.__name__} from property {n!r}")
+        if defaults[n] is not dataclasses.MISSING and defaults[n] is not None:
+            raise ValueError(f"{cls.__name__}.{n} defaults to {defaults[n]!r}, not None")
+    args = ", ".join(f"{n}=(None if s.{n} is UNSET else s.{n})" for n in names)
+    namespace = {"cls": cls, "UNSET": msgspec.UNSET}
+    exec(f"def build(s):\n    return cls({args})\n", namespace)   # names are the schema's identifiers
+    return namespace["build"]
 
 
 FAST = {name: FastSchema(name) for name in ("request_event", "replica_sample")}

@@ -23,9 +23,15 @@ from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
 EXAMPLES = Path(__file__).resolve().parents[2] / "schemas" / "examples"
 
 
+CLASSES = {"request_event": RequestEvent, "replica_sample": ReplicaSample}
+
+
 def agrees(schema: str, value: bytes) -> bool:
-    """True when the fast path accepted; asserts the full validator accepts the same document."""
+    """True when the fast path accepted; asserts the full validator accepts the same document, and that the
+    event the fast path builds straight from its struct is the one built from that document."""
     fast = FAST[schema].document(value)
+    event = FAST[schema].event(value, CLASSES[schema])
+    assert (event is None) == (fast is None), (event, fast)
     try:
         slow = validate(schema, _parse(value))
     except Invalid as exc:
@@ -33,6 +39,7 @@ def agrees(schema: str, value: bytes) -> bool:
         return False
     if fast is not None:
         assert fast == slow, (fast, slow)
+        assert event == CLASSES[schema](**slow), (event, slow)
     return fast is not None
 
 
@@ -116,3 +123,30 @@ def test_large_integers_in_number_fields_stay_exact():
     doc["prompt_tokens_total"] = 2**53 + 1
     assert agrees("replica_sample", orjson.dumps(doc)) and FAST["replica_sample"].document(
         orjson.dumps(doc))["prompt_tokens_total"] == 2**53 + 1
+
+
+def test_a_remembered_value_does_not_let_a_different_one_through_and_memory_is_bounded():
+    from pipeline.fast_decode import KNOWN_GOOD_MAX
+
+    doc = request_event()
+    assert agrees("request_event", orjson.dumps(doc))          # its tenant is now remembered as matching
+    for bad in ("-" + doc["tenant"], doc["tenant"] + " ", doc["tenant"] + "\n"):
+        assert not agrees("request_event", orjson.dumps(doc | {"tenant": bad}))
+    for i in range(KNOWN_GOOD_MAX + 100):                       # ids never repeat: the memory stops growing
+        agrees("request_event", orjson.dumps(doc | {"task_id": f"task-{i}"}))
+    known = [v for k, v in FAST["request_event"].patterns_match.__globals__.items() if k.startswith("known")]
+    assert known and max(len(k) for k in known) <= KNOWN_GOOD_MAX
+
+
+def test_a_property_the_event_does_not_default_to_none_fails_the_builder():
+    from dataclasses import dataclass
+
+    from pipeline.fast_decode import _builder
+
+    @dataclass
+    class Wrong:
+        a: int
+        b: int = 0
+
+    with pytest.raises(ValueError, match="defaults to 0"):
+        _builder(Wrong, ("a", "b"))
