@@ -194,7 +194,7 @@ def busy(picture: Mapping[str, Any]) -> float:
     return max(admitted_pressure, float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
 
 
-def serving_capacity(picture: Mapping[str, Any], previous_rps: float, cfg: AdmissionConfig) -> float:
+def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: float, cfg: AdmissionConfig) -> float:
     """Requests/s the pool can serve now: the profile's figure, or less when a standing queue shows less.
 
     The profile's capacity holds for the request mix it was measured on; when
@@ -204,7 +204,7 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, cfg: Admis
     so what completes per second is the capacity for this mix. Without such a
     queue the measured figure relaxes back toward the profile's by
     ``capacity_recovery`` a tick (a cold or slower fleet is not trusted at
-    once with its full figure).
+    once with its full figure). ``leading`` is the pressure of the leading axes (``proportional_axes``).
     """
     limit = float(picture["axes"]["demand"]["limit"])
     queue = picture["axes"]["queue"]
@@ -213,7 +213,6 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, cfg: Admis
         return min(limit, drain)
     if not previous_rps:
         return limit
-    leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
     if leading >= cfg.recover_pressure:
         return min(limit, previous_rps)   # no headroom shown yet: hold
     return min(limit, previous_rps * (1 + cfg.capacity_recovery))
@@ -294,10 +293,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
             trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
         elif pressure < cfg.recover_pressure or busy(picture) < cfg.windup_utilisation:
             trim -= cfg.step_down
-        capacity = serving_capacity(picture, previous.capacity_rps, cfg)
+        leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
+        capacity = serving_capacity(picture, previous.capacity_rps, leading, cfg)
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
-        leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level

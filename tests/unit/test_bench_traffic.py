@@ -2,6 +2,8 @@
 
 import time
 
+import orjson
+
 from pipeline.bench import _request_events
 from pipeline.events import RequestEvent, decode
 from pipeline.ingest import TimeBounds
@@ -15,13 +17,8 @@ def test_bench_events_are_all_within_the_workers_time_bounds():
     bounds = TimeBounds.of(load_settings(env={}))
     now_ms = int(time.time() * 1000)
     for e in events:
-        event = decode(RequestEvent, orjson_bytes(e.event), e.key.encode(), 1 << 20)
+        event = decode(RequestEvent, orjson.dumps(e.event), e.key.encode(), 1 << 20)
         assert isinstance(event, RequestEvent), event
         assert bounds.check(event.event_time, now_ms) is None
         assert event.event_time <= now_ms   # a backlog, however many events a run asks for
 
-
-def orjson_bytes(doc: dict) -> bytes:
-    import orjson
-
-    return orjson.dumps(doc)
