@@ -108,4 +108,8 @@ def run_demo(settings: Settings, seconds: float = 180.0) -> int:
         worker.stop()
     if started_kafka:
         print("\nKafka is still running for you to explore: `sluice kafka status`, `sluice kafka stop`.")
-    return 0 if counts.accepted >= expected else 1
+    signalled = bool(live_sim.controller.states)
+    if not signalled:
+        print(f"sluice demo: the routers never received an admission signal for {POOL}; "
+              f"see {settings.state_dir / 'demo-worker.log'}")
+    return 0 if counts.accepted >= expected and signalled else 1

@@ -6,7 +6,10 @@ prefixes them so that tests and tenants can share a broker.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from .kafka_clients import client_options
 from .settings import Settings
@@ -130,17 +133,44 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        configs = topic_configs(settings)
         wanted = [NewTopic(name, partitions, settings.topic_replication_factor, topic_configs=config)
-                  for name, (partitions, config) in topic_configs(settings).items() if name not in existing]
-        if not wanted:
-            return []
-        response = await admin.create_topics(wanted)
-        for name, code, message in getattr(response, "topic_errors", ()) or ():
-            if code not in (0, TOPIC_ALREADY_EXISTS):
-                raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+                  for name, (partitions, config) in configs.items() if name not in existing]
+        if wanted:
+            response = await admin.create_topics(wanted)
+            for name, code, message in getattr(response, "topic_errors", ()) or ():
+                if code not in (0, TOPIC_ALREADY_EXISTS):
+                    raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+        await wait_until_led(admin, list(configs), TOPICS_READY_TIMEOUT_S)
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+TOPICS_READY_TIMEOUT_S = 60.0
+
+
+async def wait_until_led(admin: Any, names: list[str], timeout_s: float) -> None:
+    """Return once every partition of every topic in ``names`` has a leader in the cluster's metadata.
+
+    A created topic reaches the brokers' metadata a moment after CreateTopics answers. A Faust worker
+    that joins its group in that moment is assigned nothing for the topic ("not found in cluster
+    metadata") and stays that way: stage 2 would never see a partial and no signal would be published.
+    Raises ``RuntimeError`` naming the topics still without leaders when ``timeout_s`` runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = leaderless(await admin.describe_topics(names))
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"topics without a leader after {timeout_s:.0f} s: {', '.join(missing)}")
+        await asyncio.sleep(0.1)
+
+
+def leaderless(described: list[dict[str, Any]]) -> list[str]:
+    """The topics of a DescribeTopics answer that are unknown or have a partition without a leader."""
+    return sorted(t["topic"] for t in described
+                  if t["error_code"] or not t["partitions"] or any(p["leader"] < 0 for p in t["partitions"]))
 
 
 def control_group(settings: Settings) -> str:

@@ -42,3 +42,14 @@ def test_replay_rate_is_time_scaled():
                 if e.kind == "request" and e.event["phase"] == "received" and e.event["attempt"] == 1
                 and e.event["request_id"].endswith("-s0")]
     assert 0.8 * 40 * 60 < len(received) < 1.2 * 40 * 60
+
+
+def test_a_topic_is_ready_only_when_known_and_every_partition_has_a_leader():
+    described = [
+        {"topic": "ready", "error_code": 0, "partitions": [{"partition": 0, "leader": 1}, {"partition": 1, "leader": 2}]},
+        {"topic": "electing", "error_code": 0, "partitions": [{"partition": 0, "leader": 1}, {"partition": 1, "leader": -1}]},
+        {"topic": "unknown", "error_code": 3, "partitions": []},
+        {"topic": "no-partitions-yet", "error_code": 0, "partitions": []},
+    ]
+    assert topics.leaderless(described) == ["electing", "no-partitions-yet", "unknown"]
+    assert topics.leaderless(described[:1]) == []
