@@ -98,6 +98,10 @@ ADMISSION_STATE = Gauge("sluice_admission_state", "1 for the pool's current admi
                         ["pool", "state"], registry=REGISTRY)
 ADMIT_FRACTION = Gauge("sluice_admit_fraction", "Share of new work admitted, by pool and priority class.",
                        ["pool", "class"], registry=REGISTRY)
+SERVING_CAPACITY = Gauge("sluice_pool_serving_capacity_rps",
+                         "Requests/s the admission policy budgets for the pool: the profile's figure, or less while "
+                         "a standing queue shows the replicas serve less (admission/policy.serving_capacity).",
+                         ["pool"], registry=REGISTRY)
 SIGNALS_PUBLISHED = Counter("sluice_admission_signals_published_total", "Signed admission signals published.",
                             ["pool"], registry=REGISTRY)
 

@@ -76,8 +76,8 @@ class AdmissionConfig:
     level_step_down: float = 0.1  # ... and this much down: bounded steps, no cliffs either way
     reversal_deadband: float = 0.1  # the level turns back only by more than this (no sawing on noise)
     saturated_queue_pressure: float = 1.0  # a queue this deep (queue-axis pressure): the pool serves all it can ...
-    capacity_recovery: float = 0.02  # ... so its completions/s are its capacity, which relaxes back by this share
-    # per tick while the leading axes show headroom (serving_capacity)
+    capacity_recovery: float = 0.01  # ... so its completions/s are its capacity, which relaxes back by this share
+    # of the profile's capacity per tick while the leading axes show headroom (serving_capacity)
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
@@ -203,8 +203,13 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     ``saturated_queue_pressure`` deep means the replicas serve all they can,
     so what completes per second is the capacity for this mix. Without such a
     queue the measured figure relaxes back toward the profile's by
-    ``capacity_recovery`` a tick (a cold or slower fleet is not trusted at
-    once with its full figure). ``leading`` is the pressure of the leading axes (``proportional_axes``).
+    ``capacity_recovery`` × the profile's figure a tick (a cold or slower fleet
+    is not trusted at once with its full figure). The step is a share of the
+    profile, not of the measured figure, so recovery takes at most
+    1 / ``capacity_recovery`` ticks from anywhere: a queue that was never there
+    (a replica reporting absurd ``requests_waiting``) drives the figure down to
+    what the shedding lets complete, and a relative step would take minutes to
+    climb back from such a floor. ``leading`` is the pressure of the leading axes (``proportional_axes``).
     """
     limit = float(picture["axes"]["demand"]["limit"])
     queue = picture["axes"]["queue"]
@@ -215,7 +220,7 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
         return limit
     if leading >= cfg.recover_pressure:
         return min(limit, previous_rps)   # no headroom shown yet: hold
-    return min(limit, previous_rps * (1 + cfg.capacity_recovery))
+    return min(limit, previous_rps + cfg.capacity_recovery * limit)
 
 
 def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacity_rps: float | None = None) -> float:

@@ -533,3 +533,86 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
     assert re.search(rf"ignored partial {re.escape(ahead_partial.id)} of pool {POOL}", log)
     print(f"\npoisoned changelog: both partials from the future ignored on rebuild; {len(window)} signals after, "
           f"all {sorted({x['state'] for x in window})}; watermark {now_ms() - watermark} ms behind the clock")
+
+
+# 6 -----------------------------------------------------------------------------------------------------------
+
+LIE_FROM_S, LIE_TO_S = 10.0, 30.0   # when, in the live run's seconds, one replica reports an absurd queue
+RECOVERY_S = 55.0                   # from the last lie to every class admitted again (see the test) ...
+CAPACITY_BACK_S = 60.0              # ... and to the serving capacity at the profile's figure again
+
+
+def test_a_replica_reporting_an_absurd_queue_cannot_keep_the_pool_shut_after_it_stops(settings, worker_factory):
+    """A replica (a broken GPU agent or a hostile ``gpu-agent`` principal) reports the schema's largest
+    ``requests_waiting`` (1,000,000) for 20 s beside a fleet at 0.7× its SLO capacity, then sane samples.
+
+    While it lies the pool sheds — a real queue that deep looks the same, and the lie is bounded by its own
+    duration. What must not happen is that the lie outlives itself: shedding lets fewer requests complete,
+    the serving capacity measured from completions follows them down (to a few % of the profile's figure
+    in 20 s). The decisions come back first — the trim winds down below zero while the fleet is idle and
+    cancels a feed-forward budgeted on too low a figure (~20 s measured) — but the figure itself climbed
+    back by a share of itself (2% a tick: ~140 ticks from 5%), so the next spike would have been budgeted
+    on it. It now climbs by a share of the profile's figure (1% a tick): at most 100 ticks of 0.5 s
+    whatever the lie did; CAPACITY_BACK_S is that and a margin."""
+    from pipeline.sim.live import run_live
+    from pipeline.sim.scenarios import POOL as SIM_POOL, SCENARIOS, Fleet, slo_capacity, sluice_settings
+
+    fleet = Fleet(duration_s=LIE_TO_S + CAPACITY_BACK_S + 5, drain_s=20.0)
+    capacity = slo_capacity(fleet, fleet.replicas)
+    tuned = replace(sluice_settings(capacity, settings), retention_days=0)
+    worker = worker_factory(tuned).start()
+    clock = {"now": 0.0}
+    seen: list[tuple[float, dict]] = []
+
+    capacities: list[tuple[float, float]] = []
+
+    def watch(now, sim, pictures):
+        clock["now"] = now
+        signal = sim.controller.router.book.signals.get(SIM_POOL)
+        if signal is not None:
+            seen.append((now, dict(signal["admit_fraction"])))
+        if not capacities or now - capacities[-1][0] >= 1.0:
+            capacities.append((now, metric(worker, "sluice_pool_serving_capacity_rps", pool=SIM_POOL)))
+
+    async def liar(producer):
+        topic = topics.REPLICAS.name(tuned)
+        while clock["now"] < LIE_TO_S + 5:
+            lying = LIE_FROM_S <= clock["now"] < LIE_TO_S
+            sample = replica_sample(event_time=now_ms(), replica_id=f"{SIM_POOL}-liar", pool=SIM_POOL,
+                                    hardware=fleet.hardware.name, gpu_count=fleet.hardware.gpu_count,
+                                    requests_running=0, requests_waiting=1_000_000 if lying else 0,
+                                    kv_cache_usage=0.3, preemptions_total=0, prompt_tokens_total=0,
+                                    generation_tokens_total=0, prefix_cache_hits_total=0,
+                                    prefix_cache_queries_total=0)
+            await (await producer.send(topic, orjson.dumps(sample), key=sample["replica_id"].encode()))
+            await asyncio.sleep(0.5)   # the agent's sampling interval, not a synchronisation
+
+    async def scenario():
+        producer = AIOKafkaProducer(bootstrap_servers=tuned.kafka_bootstrap_servers)
+        await producer.start()
+        try:
+            lies = asyncio.create_task(liar(producer))
+            sim, _ = await run_live(worker.settings, SCENARIOS["steady"], fleet, capacity,
+                                    tuned.kafka_bootstrap_servers, display=watch, display_every_s=0.25)
+            await lies
+            return sim
+        finally:
+            await producer.stop()
+
+    run(scenario())
+    lowest = min((a["sheddable"] for t, a in seen if LIE_FROM_S <= t <= LIE_TO_S + 5), default=1.0)
+    assert lowest < 1.0, "the absurd queue reached the decisions (else this test proves nothing)"
+    after = [(t, a) for t, a in seen if t >= LIE_TO_S]
+    open_at = next((t for t, a in after if all(f == 1.0 for f in a.values())), None)
+    trail = [(round(t), a["critical"], a["sheddable"]) for t, a in after[::8]]
+    budgets = [(round(t), round(c, 1)) for t, c in capacities[::4]]
+    assert open_at is not None and open_at - LIE_TO_S <= RECOVERY_S, \
+        f"still shedding after the lie: {trail}; serving capacity (req/s) {budgets}"
+    profile = tuned.profiles["sim-pool"]["capacity_rps_per_replica"] * fleet.replicas   # the demand axis's limit
+    back_at = next((t for t, c in capacities if t >= LIE_TO_S and c >= profile - 0.01), None)
+    assert back_at is not None and back_at - LIE_TO_S <= CAPACITY_BACK_S, \
+        f"the serving capacity is still below the profile's {profile:.1f} req/s: {budgets}"
+    print(f"\nabsurd queue for {LIE_TO_S - LIE_FROM_S:.0f} s: sheddable down to {lowest:.2f}, serving capacity "
+          f"{profile:.1f} → {min(c for t, c in capacities if t >= LIE_FROM_S):.1f} req/s; every class "
+          f"admitted again {open_at - LIE_TO_S:.1f} s after the last absurd sample, the capacity back at the profile's "
+          f"after {back_at - LIE_TO_S:.0f} s; capacity {budgets}")

@@ -312,9 +312,22 @@ def test_a_measured_capacity_is_held_without_headroom_and_relaxes_back_with_it()
     for i in range(3, 200):
         held = decide(heavy(i * TICK, queue=0.1, kv_cache=0.5), held, CFG, i * TICK)
         capacities.append(held.capacity_rps)
-    steps = [b / a for a, b in zip(capacities, capacities[1:]) if b > a]
-    assert max(steps) <= 1 + CFG.capacity_recovery + 1e-6
+    steps = [b - a for a, b in zip(capacities, capacities[1:]) if b > a]
+    assert max(steps) <= CFG.capacity_recovery * 40.0 + 1e-6   # a share of the profile's figure a tick
     assert capacities[-1] == 40.0 and max(capacities) == 40.0   # back to the profile's figure, never above it
+
+
+def test_a_capacity_driven_to_nothing_recovers_within_one_over_the_recovery_share_ticks():
+    """A queue that was never there (absurd ``requests_waiting`` beside a trickle of completions) drives the
+    measured figure to the trickle; once the samples stop, the pool must be trusted again within
+    1 / capacity_recovery ticks, however low it went (a relative step would take ~230 ticks from 1%)."""
+    d = decide(heavy(TICK, queue=10**6, drain=0.4), Decision("p"), CFG, TICK)
+    assert d.capacity_rps == 0.4
+    ticks = 0
+    while d.capacity_rps < 40.0:
+        ticks += 1
+        d = decide(heavy((ticks + 1) * TICK, queue=0.0, kv_cache=0.1), d, CFG, (ticks + 1) * TICK)
+        assert ticks <= 1 / CFG.capacity_recovery, f"still at {d.capacity_rps:.1f} req/s after {ticks} ticks"
 
 
 def test_a_drain_above_the_profile_does_not_raise_the_capacity():
