@@ -27,8 +27,9 @@ import time
 import urllib.request
 import uuid
 from dataclasses import replace
-from itertools import islice
+from itertools import islice, takewhile
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -97,9 +98,13 @@ def _request_events(events: int, seed: int = 11) -> list:
     Traffic generated forward from now would run ahead of the workers' clock after the first
     ``max_clock_skew_s`` and be dead-lettered (event_time_ahead): a benchmark of dead-lettering.
     """
-    requests_only = (e for e in generate(load_trace(), rate=500, seconds=BACKLOG_S, seed=seed,
-                                         start_ms=int(time.time() * 1000) - BACKLOG_S * 1000) if e.kind == "request")
-    return list(islice(requests_only, events))
+    return list(islice(_backlog(seed), events))
+
+
+def _backlog(seed: int = 11) -> Iterator:
+    """The request events of ``_request_events``, generated lazily (about 70M of them)."""
+    return (e for e in generate(load_trace(), rate=500, seconds=BACKLOG_S, seed=seed,
+                                start_ms=int(time.time() * 1000) - BACKLOG_S * 1000) if e.kind == "request")
 
 
 def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "landing", workers: int = 1,
@@ -164,6 +169,64 @@ def _steady_rate(samples: list[tuple[float, list[float]]], total: int) -> float 
         return None
     (t0, c0), (t1, c1) = samples[start], samples[end]
     return (sum(c1) - sum(c0)) / (t1 - t0)
+
+
+LONG_EVENTS = 10_000_000
+RSS_EVERY_S = 5.0
+
+
+def bench_long_run(settings: Settings, work_dir: Path, seconds: float, max_events: int = LONG_EVENTS) -> dict:
+    """One control worker fed for ``seconds`` (or until it has handled ``max_events``), its RSS sampled
+    every ``RSS_EVERY_S``: a worker that keeps per-event state (ids seen, sketches per key) grows with
+    the events it has read, which no short run shows.
+
+    The producer runs in this process while the worker reads, so on two cores the events/s here is
+    the pair's, not the worker's (that is ``control_path``). Growth is the least-squares slope of RSS
+    over events handled after warm-up (the first 20% of the run), in MiB per million events."""
+    run_settings = replace(_isolated(settings, work_dir), role="control",
+                           topic_partitions=max(settings.topic_partitions, 6))
+    bootstrap = run_settings.kafka_bootstrap_servers
+    asyncio.run(topics.ensure_topics(run_settings, bootstrap))
+    stop = threading.Event()
+    stream = takewhile(lambda _: not stop.is_set(), islice(_backlog(), max_events))
+    producer = threading.Thread(target=lambda: asyncio.run(produce(run_settings, bootstrap, stream, paced=False)),
+                                daemon=True)
+    worker = WorkerProcess(replace(run_settings, web_port=_free_port()),
+                           work_dir / f"{run_settings.topic_namespace}-long.log")
+    samples: list[tuple[float, float, float]] = []   # (seconds since start, events handled, RSS MiB)
+    try:
+        worker.start()
+        producer.start()
+        started = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - started
+            count = handled(worker, "control")
+            samples.append((elapsed, count, _rss_mib(worker.pid)))
+            if elapsed >= seconds or count >= max_events:
+                break
+            time.sleep(min(RSS_EVERY_S, max(0.0, seconds - elapsed)))
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+        worker.stop()
+    return long_run_figures(samples)
+
+
+def long_run_figures(samples: list[tuple[float, float, float]]) -> dict:
+    """Events/s, RSS after warm-up and at the end, and RSS growth per million events after warm-up."""
+    elapsed, count, _ = samples[-1]
+    settled = [s for s in samples if s[0] >= 0.2 * elapsed] or samples[-1:]
+    xs, ys = [s[1] / 1e6 for s in settled], [s[2] for s in settled]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else None
+    every = max(1, len(samples) // 10)
+    return {"seconds": round(elapsed, 1), "events": int(count),
+            "events_per_s": round(count / elapsed) if elapsed else None,
+            "rss_after_warm_up_mib": round(settled[0][2], 1), "rss_end_mib": round(samples[-1][2], 1),
+            "rss_max_mib": round(max(s[2] for s in samples), 1),
+            "rss_growth_mib_per_million_events": None if slope is None else round(slope, 2),
+            "rss_over_time": [(round(t), int(c), round(r)) for t, c, r in samples[::every] + samples[-1:]]}
 
 
 def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
@@ -432,7 +495,7 @@ def bench_decide(calls: int = 200_000) -> dict:
 def bench_decode(events: int = 60_000, rounds: int = 5) -> dict:
     """The control path's pure work per event — decode, validate, fold — with the compiled fast path
     (``fast_decode``) against the full validator alone, same events, same run (best of ``rounds``)."""
-    from itertools import islice
+    from itertools import islice, takewhile
 
     from . import events as event_types
     from .events import ReplicaSample, RequestEvent
@@ -561,7 +624,8 @@ def print_table(figures: dict) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_seconds: float) -> int:
+def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_seconds: float,
+         long_seconds: float = 600.0) -> int:
     work_dir = settings.state_dir / "bench"
     work_dir.mkdir(parents=True, exist_ok=True)
     figures = {"control_path": bench_ingest(settings, events, work_dir, "control"),
@@ -574,6 +638,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
                "decode_and_fold": bench_decode(),
                "router_decide": bench_decide(),
                "litellm_hook": bench_litellm_hook(settings)}
+    if long_seconds > 0:
+        figures["control_long_run"] = bench_long_run(settings, work_dir, long_seconds)
     if as_json:
         print(json.dumps(figures, indent=2))
     else:

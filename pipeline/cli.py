@@ -304,7 +304,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
     return bench_main(_settings(), events=args.events, as_json=args.json, lag_rate=args.lag_rate,
-                      lag_seconds=args.lag_seconds)
+                      lag_seconds=args.lag_seconds, long_seconds=args.long_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")
     bench.add_argument("--lag-rate", type=float, default=10000, help="events/s for the lag stage (250 ms tick)")
     bench.add_argument("--lag-seconds", type=float, default=30, help="seconds of real-time traffic for it")
+    bench.add_argument("--long-seconds", type=float, default=600,
+                       help="length of the long control-worker run, its RSS sampled over time, which stops "
+                            "early at ten million events (0: skip it)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.set_defaults(func=cmd_bench)
     return parser
