@@ -88,6 +88,12 @@ POOL_AXIS_PRESSURE = Gauge("sluice_pool_axis_pressure", "Axis value divided by i
                            ["pool", "axis"], registry=REGISTRY)
 POOL_AXIS_VALUE = Gauge("sluice_pool_axis_value", "Raw axis value in the axis's unit, by pool and axis.",
                         ["pool", "axis"], registry=REGISTRY)
+POOL_PREFIX_HIT_RATE = Gauge("sluice_pool_prefix_cache_hit_rate",
+                             "Prefix-cache tokens found / looked up over the fast window, from the replicas' "
+                             "counters (NaN: nothing looked up).", ["pool"], registry=REGISTRY)
+POOL_CACHED_INPUT_SHARE = Gauge("sluice_pool_cached_input_share",
+                                "Cached input tokens / input tokens of the attempts that finished over the fast "
+                                "window (NaN: none).", ["pool"], registry=REGISTRY)
 POOL_LATE_EVENTS = Gauge("sluice_pool_late_events", "Events left out of the picture as too late, by pool.",
                          ["pool"], registry=REGISTRY)
 

@@ -210,6 +210,9 @@ def export_picture(snapshot: dict) -> None:
     metrics.POOL_RETRY_AMPLIFICATION.labels(label).set(_number(axes["errors"]["detail"]["retry_amplification"]))
     metrics.POOL_PREEMPTIONS.labels(label).set(axes["kv_cache"]["detail"]["preemptions_per_s_per_replica"])
     metrics.POOL_STALE_REPLICAS.labels(label).set(snapshot["replicas"]["stale"])
+    cache = snapshot.get("cache") or {}
+    metrics.POOL_PREFIX_HIT_RATE.labels(label).set(_number(cache.get("prefix_hit_rate")))
+    metrics.POOL_CACHED_INPUT_SHARE.labels(label).set(_number(cache.get("cached_input_share")))
 
 
 def _number(value: float | None) -> float:
