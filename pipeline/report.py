@@ -16,7 +16,8 @@ LEVELS = (0.5, 0.95, 0.99)
 
 
 def report_sql(since_hours: float | None = None) -> str:
-    """Latency and SLO figures from ``pool_minute``, cost from ``cost_per_successful_task``, joined by pool."""
+    """Latency and SLO figures from ``pool_minute``, cost from ``cost_per_successful_task``, the prefix caches'
+    share of prompt tokens and their saving from ``cache_savings``, joined by pool."""
     minute_filter = f"WHERE minute >= now() - toIntervalSecond({int(since_hours * 3600)})" if since_hours else ""
     hour_filter = (f"WHERE hour >= toStartOfHour(now() - toIntervalSecond({int(since_hours * 3600)}))"
                    if since_hours else "")
@@ -33,7 +34,9 @@ SELECT
     c.successful_tasks AS slo_successful_tasks,
     round(c.fleet_cost_usd, 2) AS fleet_cost_usd,
     round(if(c.successful_tasks > 0, c.fleet_cost_usd / c.successful_tasks, NULL), 4) AS cost_per_successful_task_usd,
-    round(if(c.fleet_cost_usd > 0, c.waste_cost_usd / c.fleet_cost_usd, NULL), 4) AS waste_share
+    round(if(c.fleet_cost_usd > 0, c.waste_cost_usd / c.fleet_cost_usd, NULL), 4) AS waste_share,
+    round(if(s.input_tokens > 0, s.cached_input_tokens / s.input_tokens, NULL), 4) AS cache_hit_share,
+    round(if(c.successful_tasks > 0, s.saved_usd / c.successful_tasks, NULL), 6) AS cache_saved_per_successful_task_usd
 FROM
 (
     SELECT pool, sum(requests) AS requests, sum(completed) AS completed, sum(ttft_slo_met) AS ttft_met,
@@ -48,6 +51,13 @@ LEFT JOIN
     FROM cost_per_successful_task {hour_filter}
     GROUP BY pool
 ) AS c ON c.pool = l.pool
+LEFT JOIN
+(
+    SELECT pool, sum(input_tokens) AS input_tokens, sum(cached_input_tokens) AS cached_input_tokens,
+           sum(saved_usd) AS saved_usd
+    FROM cache_savings {hour_filter}
+    GROUP BY pool
+) AS s ON s.pool = l.pool
 ORDER BY pool"""
 
 

@@ -206,6 +206,11 @@ class Settings:
         "overlap). Empty: a controller refuses to start unless `dev_signing_key` is on. Never logged."))
     gpu_prices: dict = field(default_factory=dict, metadata=_doc(
         "Hardware → $ per GPU-hour, added to or overriding the built-in price table."))
+    cached_input_cost_share: float = field(default=0.1, metadata=_doc(
+        "What a prompt token served from the prefix cache costs, as a share of an uncached one, when the "
+        "fleet's cost is attributed to requests (`attempt_cost`) and the caches' saving is reported "
+        "(`cache_savings`, `sluice report`). 0.1: a cache read skips the prefill's compute but not the "
+        "memory it occupies (providers bill cache reads at 10–50% of input).", min=0, max=1))
     otel_topic: str = field(default="", metadata=_doc(
         "Kafka topic of OTLP/JSON spans (the OpenTelemetry Collector Kafka exporter's `traces::topic` with "
         "`encoding: otlp_json`, e.g. `otlp_spans`) that `sluice otel-bridge` turns into RequestEvents; taken as "

@@ -1,4 +1,4 @@
-"""An independent Python computation of the cost views (sql/002), written from their documented
+"""An independent Python computation of the cost views (sql/002, sql/004), written from their documented
 definitions, to check the SQL against."""
 
 from __future__ import annotations
@@ -27,20 +27,45 @@ def fleet_cost(samples: list[dict], prices: dict[str, float], stale_after_s: flo
     return cost
 
 
-def work(e: dict) -> int:
-    return max((e.get("input_tokens") or 0) - (e.get("cached_input_tokens") or 0), 0) + (e.get("output_tokens") or 0)
+def cached(e: dict) -> int:
+    return min(e.get("cached_input_tokens") or 0, e.get("input_tokens") or 0)
 
 
-def attempt_costs(requests: list[dict], fleet: dict[tuple, float]) -> tuple[list[tuple[dict, float]], set]:
+def work(e: dict, cached_share: float) -> float:
+    """Uncached prompt tokens, cached ones at ``cached_share`` of the price, output tokens."""
+    return (max((e.get("input_tokens") or 0) - (e.get("cached_input_tokens") or 0), 0) + cached(e) * cached_share
+            + (e.get("output_tokens") or 0))
+
+
+def attempt_costs(requests: list[dict], fleet: dict[tuple, float],
+                  cached_share: float) -> tuple[list[tuple[dict, float]], set]:
     attempts = [e for e in requests if e["phase"] in TERMINAL]
-    total = defaultdict(int)
+    total = defaultdict(float)
     for e in attempts:
-        total[(e["pool"], e["event_time"] // MINUTE_MS * MINUTE_MS)] += work(e)
+        total[(e["pool"], e["event_time"] // MINUTE_MS * MINUTE_MS)] += work(e, cached_share)
     out = []
     for e in attempts:
         key = (e["pool"], e["event_time"] // MINUTE_MS * MINUTE_MS)
-        out.append((e, fleet.get(key, 0.0) * work(e) / total[key] if total[key] else 0.0))
+        out.append((e, fleet.get(key, 0.0) * work(e, cached_share) / total[key] if total[key] else 0.0))
     return out, {k for k, v in total.items() if v > 0}
+
+
+def cache_savings(requests: list[dict], samples: list[dict], prices: dict[str, float], stale_after_s: float,
+                  cached_share: float) -> dict[tuple, float]:
+    """(pool, hour ms) → $ the cached prompt tokens would have added at each minute's cost per unit of work."""
+    fleet = fleet_cost(samples, prices, stale_after_s)
+    total, hits = defaultdict(float), defaultdict(float)
+    for e in requests:
+        if e["phase"] in TERMINAL:
+            key = (e["pool"], e["event_time"] // MINUTE_MS * MINUTE_MS)
+            total[key] += work(e, cached_share)
+            hits[key] += cached(e)
+    saved: dict[tuple, float] = defaultdict(float)
+    for (pool, minute), w in total.items():
+        if w > 0:
+            saved[(pool, minute // HOUR_MS * HOUR_MS)] += fleet.get((pool, minute), 0.0) * hits[(pool, minute)] \
+                * (1 - cached_share) / w
+    return dict(saved)
 
 
 def outcome(attempts: list[dict]) -> str:
@@ -54,10 +79,10 @@ def outcome(attempts: list[dict]) -> str:
 
 
 def cost_per_successful_task(requests: list[dict], samples: list[dict], prices: dict[str, float],
-                             stale_after_s: float) -> dict[tuple, dict]:
+                             stale_after_s: float, cached_share: float) -> dict[tuple, dict]:
     """(pool, tenant, hour ms) → the view's columns."""
     fleet = fleet_cost(samples, prices, stale_after_s)
-    costed, busy = attempt_costs(requests, fleet)
+    costed, busy = attempt_costs(requests, fleet, cached_share)
     rows: dict[tuple, dict] = defaultdict(lambda: {"fleet_cost_usd": 0.0, "waste_cost_usd": 0.0, "completed_tasks": 0,
                                                    "successful_tasks": 0, "successful_tasks_cost_usd": 0.0})
     tasks = defaultdict(list)

@@ -126,5 +126,6 @@ def prepare_store(store: Store, settings: Settings) -> list[str]:
     if changed:
         log.info("fsync before an insert returns %s on %s", "on" if settings.store_fsync else "off", ", ".join(changed))
     sync_reference(store, price_table(settings.gpu_prices),
-                   {"replica_stale_after_s": settings.replica_stale_after_s})
+                   {"replica_stale_after_s": settings.replica_stale_after_s,
+                    "cached_input_cost_share": settings.cached_input_cost_share})
     return applied

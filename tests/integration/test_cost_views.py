@@ -13,7 +13,7 @@ from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from pipeline.worker_process import worker_env
 from tests.conftest import run, wait_for
-from tests.cost_reference import cost_per_successful_task, quantile_bounds
+from tests.cost_reference import TERMINAL, cache_savings, cached, cost_per_successful_task, quantile_bounds
 from tests.integration.test_query import sluice_query
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,9 @@ def test_cost_and_latency_views_match_an_independent_computation(settings, worke
                              "GROUP BY pool ORDER BY pool", "--format", "json")
     worker.stop()
 
-    expected = cost_per_successful_task(requests, samples, price_table({}), settings.replica_stale_after_s)
+    share = settings.cached_input_cost_share
+    expected = cost_per_successful_task(requests, samples, price_table({}), settings.replica_stale_after_s, share)
+    saved = cache_savings(requests, samples, price_table({}), settings.replica_stale_after_s, share)
     got = {(r["pool"], r["tenant"], r["hour_ms"]): r for r in json.loads(view.stdout)}
     assert set(got) == set(expected)
     assert len({k[2] for k in got}) == 2, "the traffic spans two hours"
@@ -77,6 +79,12 @@ def test_cost_and_latency_views_match_an_independent_computation(settings, worke
     for pool, (cost, successful) in by_pool.items():
         assert abs(reported[pool]["cost_per_successful_task_usd"] - cost / successful) < CENT
         assert reported[pool]["slo_successful_tasks"] == successful
+        pool_saved = sum(v for (p, _), v in saved.items() if p == pool)
+        assert pool_saved > 0, "the trace's prompts hit the prefix cache: the saving is positive"
+        assert abs(reported[pool]["cache_saved_per_successful_task_usd"] - pool_saved / successful) < 1e-5
+        billed = [e for e in requests if e["pool"] == pool and e["phase"] in TERMINAL]
+        share_hit = sum(cached(e) for e in billed) / sum(e.get("input_tokens") or 0 for e in billed)
+        assert abs(reported[pool]["cache_hit_share"] - share_hit) < 1e-4
     assert table.stdout.splitlines()[0].split()[:3] == ["pool", "requests", "success_rate"]
 
     for row in json.loads(quantiles.stdout):
