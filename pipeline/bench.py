@@ -226,7 +226,8 @@ def long_run_figures(samples: list[tuple[float, float, float]]) -> dict:
             "rss_after_warm_up_mib": round(settled[0][2], 1), "rss_end_mib": round(samples[-1][2], 1),
             "rss_max_mib": round(max(s[2] for s in samples), 1),
             "rss_growth_mib_per_million_events": None if slope is None else round(slope, 2),
-            "rss_over_time": [(round(t), int(c), round(r)) for t, c, r in samples[::every] + samples[-1:]]}
+            "rss_over_time": [(round(t), int(c), round(r)) for t, c, r in
+                              samples[::every] + ([] if (len(samples) - 1) % every == 0 else samples[-1:])]}
 
 
 def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
