@@ -136,7 +136,8 @@ class Decision:
     stale_since_ms: int | None = None
     direction: int = 0      # the level's last move: +1 shedding more, -1 less, 0 none yet
     held_since_ms: int = 0  # when the deadband started holding a turn (0: not holding)
-    capacity_rps: float = 0.0  # requests/s the pool serves now, measured (0: the profile's figure)
+    capacity_rps: float = 0.0  # requests/s the feed-forward budgeted (0: the profile's figure)
+    capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -277,7 +278,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
 
     held_since = 0
-    capacity = previous.capacity_rps
+    capacity, measured = previous.capacity_rps, previous.capacity_measured
     if stale:
         stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
         level = previous.shed_level
@@ -299,7 +300,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         elif pressure < cfg.recover_pressure or busy(picture) < cfg.windup_utilisation:
             trim -= cfg.step_down
         leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
-        capacity = serving_capacity(picture, previous.capacity_rps, leading, cfg)
+        # only a measured figure carries over: the profile's figure of a pool whose replicas are still
+        # being heard from (two of ten sampled at a worker's start) is not a measurement to climb back from
+        capacity = serving_capacity(picture, previous.capacity_rps if previous.capacity_measured else 0.0,
+                                    leading, cfg)
+        measured = capacity < float(picture["axes"]["demand"]["limit"])
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
@@ -358,7 +363,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
-                    capacity_rps=round(capacity, 6), signal=signal)
+                    capacity_rps=round(capacity, 6), capacity_measured=measured, signal=signal)
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can

@@ -341,3 +341,19 @@ def test_capacity_knobs_must_be_positive(knob):
 
     with pytest.raises(ValueError, match=knob):
         config_from({knob: 0})
+
+
+def test_the_profiles_figure_of_a_pool_still_being_heard_from_is_not_a_measurement():
+    """At a worker's start the first picture may have sampled two replicas of ten: the demand axis's limit is
+    a fifth of the pool's. That figure was never measured, so the next picture's full limit applies at once
+    (it used to be carried over and climbed back from at the recovery rate: ~40 s of a budget too small)."""
+    first = decide(heavy(TICK, limit=8.0), Decision("p"), CFG, TICK)
+    assert first.capacity_rps == 8.0 and not first.capacity_measured
+    assert decide(heavy(2 * TICK, limit=40.0), first, CFG, 2 * TICK).capacity_rps == 40.0
+
+
+def test_a_measured_figure_carries_over_when_replicas_join():
+    measured = decide(heavy(TICK, queue=1.5, drain=10.0), Decision("p"), CFG, TICK)
+    assert measured.capacity_measured
+    grown = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.5, limit=80.0), measured, CFG, 2 * TICK)
+    assert grown.capacity_rps == pytest.approx(10.0 + CFG.capacity_recovery * 80.0) and grown.capacity_measured
