@@ -201,21 +201,27 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     The profile's capacity holds for the request mix it was measured on; when
     requests get heavier (prompts four times longer, a KV cache that binds
     first) the same requests/s is several times the work. A queue at least
-    ``saturated_queue_pressure`` deep means the replicas serve all they can,
-    so what completes per second is the capacity for this mix. Without such a
-    queue the measured figure relaxes back toward the profile's by
-    ``capacity_recovery`` × the profile's figure a tick (a cold or slower fleet
-    is not trusted at once with its full figure). The step is a share of the
-    profile, not of the measured figure, so recovery takes at most
-    1 / ``capacity_recovery`` ticks from anywhere: a queue that was never there
-    (a replica reporting absurd ``requests_waiting``) drives the figure down to
-    what the shedding lets complete, and a relative step would take minutes to
-    climb back from such a floor. ``leading`` is the pressure of the leading axes (``proportional_axes``).
+    ``saturated_queue_pressure`` deep beside busy replicas (KV cache or
+    compute at ``windup_utilisation`` of their limits) means they serve all
+    they can, so what completes per second is the capacity for this mix. A
+    queue beside idle replicas is no measurement: one replica reporting an
+    absurd ``requests_waiting``, or completions still low after a shedding
+    episode when admission reopens, would drive the figure down to what the
+    shedding lets complete. Without such a queue the figure relaxes back
+    toward the profile's by ``capacity_recovery`` × the profile's figure a
+    tick (a cold or slower fleet is not trusted at once with its full
+    figure): a share of the profile, not of the figure, so recovery takes at
+    most 1 / ``capacity_recovery`` ticks from anywhere (a relative step took
+    minutes from a figure near zero). ``leading`` is the pressure of the
+    leading axes (``proportional_axes``).
     """
     limit = float(picture["axes"]["demand"]["limit"])
     queue = picture["axes"]["queue"]
     drain = float((queue.get("detail") or {}).get("drain_rps") or 0.0)
-    if float(queue["pressure"]) >= cfg.saturated_queue_pressure and drain > 0:
+    axes = picture["axes"]
+    busy_replicas = max(float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
+    if (float(queue["pressure"]) >= cfg.saturated_queue_pressure and drain > 0
+            and busy_replicas >= cfg.windup_utilisation):
         return min(limit, drain)
     if not previous_rps:
         return limit

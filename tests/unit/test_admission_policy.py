@@ -292,19 +292,19 @@ def test_a_standing_queue_sets_the_capacity_the_feed_forward_budgets():
     a standing queue — the feed-forward budgets those 10 at once instead of waiting for a trim to wind up."""
     calm = decide(heavy(TICK, queue=0.2), Decision("p"), CFG, TICK)
     assert calm.capacity_rps == 40.0 and calm.shed_level == 0.0
-    queued = decide(heavy(2 * TICK, queue=1.2, drain=10.0), calm, CFG, 2 * TICK)
+    queued = decide(heavy(2 * TICK, queue=1.2, drain=10.0, kv_cache=0.8), calm, CFG, 2 * TICK)
     assert queued.capacity_rps == 10.0
     # 0.85 × 10 of 20 offered: the two lowest classes go, and the feed-forward says so in one tick
     assert queued.shed_level == pytest.approx(CFG.level_step_up)
     later = queued
     for i in range(3, 12):
-        later = decide(heavy(i * TICK, queue=1.2, drain=10.0), later, CFG, i * TICK)
+        later = decide(heavy(i * TICK, queue=1.2, drain=10.0, kv_cache=0.8), later, CFG, i * TICK)
     fractions = later.signal["admit_fraction"]
     assert fractions["deferrable"] == fractions["sheddable"] == 0.0 and fractions["critical"] == 1.0
 
 
 def test_a_measured_capacity_is_held_without_headroom_and_relaxes_back_with_it():
-    d = decide(heavy(TICK, queue=1.5, drain=10.0), Decision("p"), CFG, TICK)
+    d = decide(heavy(TICK, queue=1.5, drain=10.0, kv_cache=0.8), Decision("p"), CFG, TICK)
     assert d.capacity_rps == 10.0
     held = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.95), d, CFG, 2 * TICK)   # the queue is gone, the cache is not
     assert held.capacity_rps == 10.0
@@ -317,11 +317,22 @@ def test_a_measured_capacity_is_held_without_headroom_and_relaxes_back_with_it()
     assert capacities[-1] == 40.0 and max(capacities) == 40.0   # back to the profile's figure, never above it
 
 
+def test_a_queue_beside_idle_replicas_is_no_measurement():
+    """One replica reporting an absurd ``requests_waiting`` while the fleet idles (KV and compute low), or a
+    queue forming as admission reopens after shedding while completions are still few: not the pool's
+    capacity."""
+    for kv_cache, compute in ((0.1, 0.2), (0.45, 0.3)):
+        d = decide(heavy(TICK, queue=10**6, drain=0.4, kv_cache=kv_cache, compute=compute), Decision("p"), CFG, TICK)
+        assert d.capacity_rps == 40.0 and not d.capacity_measured
+    busy = decide(heavy(TICK, queue=10**6, drain=0.4, compute=0.6), Decision("p"), CFG, TICK)
+    assert busy.capacity_rps == 0.4 and busy.capacity_measured
+
+
 def test_a_capacity_driven_to_nothing_recovers_within_one_over_the_recovery_share_ticks():
-    """A queue that was never there (absurd ``requests_waiting`` beside a trickle of completions) drives the
-    measured figure to the trickle; once the samples stop, the pool must be trusted again within
-    1 / capacity_recovery ticks, however low it went (a relative step would take ~230 ticks from 1%)."""
-    d = decide(heavy(TICK, queue=10**6, drain=0.4), Decision("p"), CFG, TICK)
+    """Whatever drove the figure near zero (a replica lying about its counters as well as its queue), once
+    it stops the pool must be trusted again within 1 / capacity_recovery ticks, however low it went (a
+    relative step would take ~230 ticks from 1%)."""
+    d = decide(heavy(TICK, queue=10**6, drain=0.4, compute=0.9), Decision("p"), CFG, TICK)
     assert d.capacity_rps == 0.4
     ticks = 0
     while d.capacity_rps < 40.0:
@@ -331,7 +342,7 @@ def test_a_capacity_driven_to_nothing_recovers_within_one_over_the_recovery_shar
 
 
 def test_a_drain_above_the_profile_does_not_raise_the_capacity():
-    d = decide(heavy(TICK, queue=2.0, drain=80.0), Decision("p"), CFG, TICK)
+    d = decide(heavy(TICK, queue=2.0, drain=80.0, kv_cache=0.8), Decision("p"), CFG, TICK)
     assert d.capacity_rps == 40.0
 
 
@@ -353,7 +364,7 @@ def test_the_profiles_figure_of_a_pool_still_being_heard_from_is_not_a_measureme
 
 
 def test_a_measured_figure_carries_over_when_replicas_join():
-    measured = decide(heavy(TICK, queue=1.5, drain=10.0), Decision("p"), CFG, TICK)
+    measured = decide(heavy(TICK, queue=1.5, drain=10.0, kv_cache=0.8), Decision("p"), CFG, TICK)
     assert measured.capacity_measured
     grown = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.5, limit=80.0), measured, CFG, 2 * TICK)
     assert grown.capacity_rps == pytest.approx(10.0 + CFG.capacity_recovery * 80.0) and grown.capacity_measured
