@@ -4,6 +4,19 @@
 -- its pool-minute's fleet cost is in proportion to its work: uncached prompt
 -- tokens, cached ones × that share, output tokens.
 
+-- Each terminal attempt's tokens and work, defined once for the views below.
+CREATE OR REPLACE VIEW attempt_work AS
+SELECT
+    task_id, request_id, attempt, task_final, tenant, priority, pool, phase, event_time,
+    toStartOfMinute(event_time) AS minute, ttft_s, slo_ttft_s,
+    toFloat64(ifNull(input_tokens, 0)) AS input,
+    least(toFloat64(ifNull(cached_input_tokens, 0)), input) AS cached,
+    toFloat64(ifNull(output_tokens, 0)) AS output,
+    (SELECT any(value) FROM sluice_config FINAL WHERE name = 'cached_input_cost_share') AS cached_share,
+    input - cached + cached * cached_share + output AS work
+FROM request_events
+WHERE phase IN ('completed', 'failed', 'rejected', 'cancelled');
+
 CREATE OR REPLACE VIEW attempt_cost AS
 SELECT
     a.task_id AS task_id,
@@ -20,29 +33,9 @@ SELECT
     a.slo_ttft_s AS slo_ttft_s,
     a.work AS work,
     if(w.work > 0, f.fleet_cost_usd * a.work / w.work, 0) AS cost_usd
-FROM
-(
-    SELECT
-        task_id, request_id, attempt, task_final, tenant, priority, pool, phase, event_time,
-        toStartOfMinute(event_time) AS minute, ttft_s, slo_ttft_s,
-        toFloat64(greatest(toInt64(ifNull(input_tokens, 0)) - toInt64(ifNull(cached_input_tokens, 0)), 0))
-            + least(toFloat64(ifNull(cached_input_tokens, 0)), toFloat64(ifNull(input_tokens, 0)))
-              * (SELECT any(value) FROM sluice_config FINAL WHERE name = 'cached_input_cost_share')
-            + toFloat64(ifNull(output_tokens, 0)) AS work
-    FROM request_events
-    WHERE phase IN ('completed', 'failed', 'rejected', 'cancelled')
-) AS a
-LEFT JOIN
-(
-    SELECT pool, toStartOfMinute(event_time) AS minute,
-           sum(toFloat64(greatest(toInt64(ifNull(input_tokens, 0)) - toInt64(ifNull(cached_input_tokens, 0)), 0))
-               + least(toFloat64(ifNull(cached_input_tokens, 0)), toFloat64(ifNull(input_tokens, 0)))
-                 * (SELECT any(value) FROM sluice_config FINAL WHERE name = 'cached_input_cost_share')
-               + toFloat64(ifNull(output_tokens, 0))) AS work
-    FROM request_events
-    WHERE phase IN ('completed', 'failed', 'rejected', 'cancelled')
-    GROUP BY pool, minute
-) AS w ON w.pool = a.pool AND w.minute = a.minute
+FROM attempt_work AS a
+LEFT JOIN (SELECT pool, minute, sum(work) AS work FROM attempt_work GROUP BY pool, minute) AS w
+    ON w.pool = a.pool AND w.minute = a.minute
 LEFT JOIN fleet_cost_minute AS f ON f.pool = a.pool AND f.minute = a.minute;
 
 -- What the prefix caches saved, by pool and hour: each minute, the cost the
@@ -50,32 +43,17 @@ LEFT JOIN fleet_cost_minute AS f ON f.pool = a.pool AND f.minute = a.minute;
 -- discount × the minute's fleet cost per unit of work), and the cached share.
 CREATE OR REPLACE VIEW cache_savings AS
 SELECT
-    pool,
-    toStartOfHour(minute) AS hour,
-    sum(input_tokens) AS input_tokens,
-    sum(cached_tokens) AS cached_input_tokens,
-    sum(if(work > 0, fleet_cost_usd * cached_tokens * (1 - share) / work, 0)) AS saved_usd
+    w.pool AS pool,
+    toStartOfHour(w.minute) AS hour,
+    sum(w.input_tokens) AS input_tokens,
+    sum(w.cached_tokens) AS cached_input_tokens,
+    sum(if(w.work > 0, ifNull(f.fleet_cost_usd, 0) * w.cached_tokens * (1 - w.share) / w.work, 0)) AS saved_usd
 FROM
 (
-    SELECT
-        w.pool AS pool, w.minute AS minute, w.input_tokens AS input_tokens, w.cached_tokens AS cached_tokens,
-        w.work AS work, w.share AS share, ifNull(f.fleet_cost_usd, 0) AS fleet_cost_usd
-    FROM
-    (
-        SELECT pool, minute, sum(input) AS input_tokens, sum(cached) AS cached_tokens, any(cost_share) AS share,
-               sum(input - cached + cached * cost_share + output) AS work
-        FROM
-        (
-            SELECT pool, toStartOfMinute(event_time) AS minute,
-                   toFloat64(ifNull(input_tokens, 0)) AS input,
-                   least(toFloat64(ifNull(cached_input_tokens, 0)), toFloat64(ifNull(input_tokens, 0))) AS cached,
-                   toFloat64(ifNull(output_tokens, 0)) AS output,
-                   (SELECT any(value) FROM sluice_config FINAL WHERE name = 'cached_input_cost_share') AS cost_share
-            FROM request_events
-            WHERE phase IN ('completed', 'failed', 'rejected', 'cancelled')
-        )
-        GROUP BY pool, minute
-    ) AS w
-    LEFT JOIN fleet_cost_minute AS f ON f.pool = w.pool AND f.minute = w.minute
-)
+    SELECT pool, minute, sum(input) AS input_tokens, sum(cached) AS cached_tokens, any(cached_share) AS share,
+           sum(work) AS work
+    FROM attempt_work
+    GROUP BY pool, minute
+) AS w
+LEFT JOIN fleet_cost_minute AS f ON f.pool = w.pool AND f.minute = w.minute
 GROUP BY pool, hour;
