@@ -11,6 +11,7 @@ comparison, writes a chart, and prints ``sluice report`` from ClickHouse.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from dataclasses import replace
 
@@ -61,6 +62,12 @@ def run_demo(settings: Settings, seconds: float = 180.0) -> int:
     demo_settings = replace(sluice_settings(capacity, settings), topic_namespace=namespace,
                             app_id=f"{settings.app_id}-{namespace}", kafka_bootstrap_servers=bootstrap,
                             dev_signing_key=not settings.signing_keys)
+    if not settings.clickhouse_url:
+        # the embedded store of this run alone (the last run's is replaced): a report over every earlier
+        # demo's rows would mix their controllers' outcomes into this one's
+        store = settings.state_dir / "demo" / "store"
+        shutil.rmtree(store, ignore_errors=True)
+        demo_settings = replace(demo_settings, chdb_path=str(store))
     _step("worker (ingest, load picture, admission signals, landing in the embedded ClickHouse)")
     worker = WorkerProcess(demo_settings, settings.state_dir / "demo-worker.log")
     try:
