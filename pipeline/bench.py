@@ -575,10 +575,12 @@ def bench_litellm_hook(settings: Settings, calls: int = 20_000) -> dict:
             "hook_vs_decide_ratio": round(_percentile(spent, 0.5) / (decide_only * 1e6), 1)}
 
 
-def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path) -> dict:
+def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path,
+                      role: str = "control") -> dict:
     """Picture lag and decision latency at a stated rate with a 250 ms tick: events are produced in
-    real time, event time = production time."""
-    run_settings = replace(_isolated(settings, work_dir), tick_s=0.25)
+    real time, event time = production time. ``role`` ``all`` adds the landing path to the same process
+    (and the landing lag to the figures): what its inserts cost the decisions' tail."""
+    run_settings = replace(_isolated(settings, work_dir), tick_s=0.25, role=role)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     events_per_request = 7.0  # lifecycle events per request incl. retries, plus replica samples: measured
@@ -607,7 +609,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
         exposition = scrape()
     finally:
         worker.stop()
-    return {"target_events_per_s": events_per_s, "achieved_events_per_s": round(total / seconds),
+    return {"role": role, "target_events_per_s": events_per_s, "achieved_events_per_s": round(total / seconds),
             "seconds": seconds, "tick_s": run_settings.tick_s, "pictures": len(lags),
             "picture_lag_p50_s": _percentile(lags, 0.5), "picture_lag_p99_s": _percentile(lags, 0.99),
             "decision_latency_p50_s": histogram_quantile(during, "sluice_decision_latency_seconds", 0.5),
@@ -636,6 +638,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
                "landing_under_query": bench_landing_under_query(settings.sink_block_rows, work_dir,
                                                                 settings.store_fsync),
                "picture_and_decision_lag": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
+               "lag_with_landing_in_the_same_worker": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir,
+                                                                        role="all"),
                "decode_and_fold": bench_decode(),
                "router_decide": bench_decide(),
                "litellm_hook": bench_litellm_hook(settings)}
