@@ -3,12 +3,19 @@ newer than the last one per pool."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Callable, Mapping
 
 from ..admission.signing import SignatureError, verify
-from ..contract import Invalid
+from ..contract import SCHEMA_DIR, Invalid
 from ..events import validate
+
+# The top-level fields this router knows. A verified signal's other fields are dropped before it is
+# validated: a controller may add fields to admission_signal.v1 (new levers) without every deployed
+# router refusing every signal, and this router keeps deciding by what it understands. Inside a known
+# field the schema stays strict.
+KNOWN_FIELDS = frozenset(json.loads((SCHEMA_DIR / "admission_signal.v1.json").read_text())["properties"])
 
 
 class SignalBook:
@@ -39,6 +46,7 @@ class SignalBook:
             return self._refuse("tombstone")
         try:
             signal = verify(message, self.keys)
+            signal = {name: value for name, value in signal.items() if name in KNOWN_FIELDS}
             validate("admission_signal", signal)
         except SignatureError as exc:
             return self._refuse(exc.reason)
