@@ -29,6 +29,8 @@ REQUEST_COUNTS = (
     "timeouts",          # attempts the client gave up on before a first token (censored TTFTs)
     "first_token_ttfts", # first_token events that carry a TTFT (the latency axis reads them when there are any)
 )
+MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
+OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
 
@@ -36,11 +38,22 @@ REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hit
 class RequestAgg:
     """Counts and latency sketches of one pool's request events in one event-time second."""
 
-    __slots__ = ("counts", "sketches")
+    __slots__ = ("counts", "sketches", "tenants")
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.sketches: dict[str, QuantileSketch] = {}
+        self.tenants: dict[str, list[int]] = {}   # tenant → [attempts received, attempts admitted]
+
+    def _tenant(self, name: str) -> list[int]:
+        counts = self.tenants.get(name)
+        if counts is None:
+            if len(self.tenants) >= MAX_TENANTS:
+                name = OTHER_TENANTS
+                counts = self.tenants.get(name)
+            if counts is None:
+                counts = self.tenants[name] = [0, 0]
+        return counts
 
     def _sketch(self, name: str) -> QuantileSketch:
         sketch = self.sketches.get(name)
@@ -55,6 +68,7 @@ class RequestAgg:
         if phase == "received":
             c["received"] += 1
             c["received_" + e.priority] += 1
+            self._tenant(e.tenant)[0] += 1
             if e.attempt == 1:
                 c["first_attempts"] += 1
                 c["first_" + e.priority] += 1
@@ -67,7 +81,9 @@ class RequestAgg:
                 self._sketch("ttft_first").add(e.ttft_s)
         elif phase in ("admitted", "deferred", "redirected", "cancelled"):
             c[phase] += 1
-            if phase == "cancelled":
+            if phase == "admitted":
+                self._tenant(e.tenant)[1] += 1
+            elif phase == "cancelled":
                 self._censored(e)
         elif phase == "rejected":
             c["rejected"] += 1
@@ -112,12 +128,31 @@ class RequestAgg:
         c = self.counts
         for name, value in other.counts.items():
             c[name] += value
+        for name, (received, admitted) in other.tenants.items():
+            counts = self._tenant(name)
+            counts[0] += received
+            counts[1] += admitted
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: v for k, v in self.counts.items() if v}
         for name, sketch in self.sketches.items():
             out["q_" + name] = sketch.to_dict()
+        if self.tenants:
+            out["tenants"] = self.tenants
         return out
+
+    def _read_tenants(self, value: Any) -> None:
+        """Per-tenant counts from a partial (any worker can write the partials topic): names mapped to two
+        non-negative integers, at most MAX_TENANTS by name; anything else refuses the partial."""
+        if not isinstance(value, dict):
+            raise ValueError("tenants is not an object")
+        for name, pair in value.items():
+            if (not isinstance(name, str) or len(name) > 64 or not isinstance(pair, list) or len(pair) != 2
+                    or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in pair)):
+                raise ValueError("tenants holds something that is not [received, admitted] per tenant name")
+            counts = self._tenant(name)
+            counts[0] += pair[0]
+            counts[1] += pair[1]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RequestAgg":
@@ -125,6 +160,8 @@ class RequestAgg:
         for key, value in data.items():
             if key.startswith("q_"):
                 agg.sketches[key[2:]] = QuantileSketch.from_dict(value)
+            elif key == "tenants":
+                agg._read_tenants(value)
             elif key in agg.counts:
                 agg.counts[key] = value
         return agg

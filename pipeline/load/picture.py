@@ -29,6 +29,7 @@ import orjson
 
 from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
 from .cache_share import cache_share
+from .tenant_load import tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
 from .partial import Partial
 from .profiles import Profile
@@ -219,7 +220,7 @@ class PoolState:
             axes={name: axis(r) for name, axis in AXIS_FUNCTIONS.items()}, replicas=r.replicas, rates=rates,
             latency_s=quantiles(r.requests), late_events=self.late_events,
             partials_merged=self.partials_merged, duplicate_partials=self.duplicate_partials,
-            replicas_refused=self.replicas_refused, cache=cache_share(r))
+            replicas_refused=self.replicas_refused, cache=cache_share(r), tenants=tenant_load(r.requests, fast))
 
     def snapshot(self, config: PictureConfig) -> dict[str, Any]:
         """The picture as published on sluice.load.v1 and served at /pools."""
@@ -268,6 +269,7 @@ class LoadPicture:
     duplicate_partials: int
     replicas_refused: int = 0             # not on the wire: load_picture.v1 has no field for it
     cache: Mapping[str, Any] | None = None  # cache_share: hit rates and cached-input share (the share lever)
+    tenants: list[dict[str, Any]] | None = None  # tenant_load: offered and admitted attempts/s per tenant
 
     @property
     def pressure(self) -> float:
@@ -297,6 +299,7 @@ class LoadPicture:
             "partials_merged": self.partials_merged,
             "duplicate_partials": self.duplicate_partials,
             **({"cache": dict(self.cache)} if self.cache is not None else {}),
+            **({"tenants": list(self.tenants)} if self.tenants is not None else {}),
         }
 
 

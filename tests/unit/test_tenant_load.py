@@ -1,0 +1,74 @@
+"""Per-tenant load in the picture: bounded in stage 1 and in the picture, every attempt still counted."""
+
+import pytest
+
+from pipeline.events import RequestEvent
+from pipeline.load.aggregates import MAX_TENANTS, OTHER_TENANTS, RequestAgg
+from pipeline.load.partial import PartialBuilder
+from pipeline.load.picture import PoolState
+from pipeline.load.tenant_load import MAX_PICTURE_TENANTS
+from pipeline.sim.specimens import request_event
+from tests.reference import reference
+from tests.unit.test_picture import CONFIG, sample
+
+
+def attempt(second: int, tenant: str, phase: str, n: int = 0) -> RequestEvent:
+    return RequestEvent(**request_event(event_time=second * 1000 + 500, pool="p", tenant=tenant, phase=phase,
+                                        task_id=f"{tenant}-{second}-{n}", request_id=f"{tenant}-{second}-{n}-r"))
+
+
+def picture_of(events) -> dict:
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(100, 111):
+        builder.fold_sample(sample("r1", second, 0, 0.3, 0))
+    for event in events:
+        builder.fold_request(event)
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    return state.snapshot(CONFIG)
+
+
+def test_a_noisy_tenant_leads_the_list_and_the_rest_are_one_row():
+    events = []
+    for second in range(101, 111):
+        for n in range(10):                                   # 10 attempts/s, 5 admitted
+            events.append(attempt(second, "noisy", "received", n))
+            if n % 2 == 0:
+                events.append(attempt(second, "noisy", "admitted", n))
+        for t in range(20):                                   # twenty quiet tenants, one attempt/s each
+            events += [attempt(second, f"team{t:02d}", "received"), attempt(second, f"team{t:02d}", "admitted")]
+    rows = picture_of(events)["tenants"]
+    quiet = rows[1]["offered_rps"]
+    assert rows[0]["tenant"] == "noisy" and rows[1]["tenant"] == "team00" and quiet > 0
+    assert rows[0]["offered_rps"] == pytest.approx(10 * quiet) and rows[0]["admitted_rps"] == pytest.approx(5 * quiet)
+    assert len(rows) == MAX_PICTURE_TENANTS + 1 and rows[-1]["tenant"] == OTHER_TENANTS
+    assert rows[-1]["offered_rps"] == pytest.approx(5 * quiet)    # the five quiet tenants past the first fifteen
+    assert sum(r["offered_rps"] for r in rows) == pytest.approx(30 * quiet)
+    assert not list(reference("load_picture").iter_errors(picture_of(events)))
+
+
+def test_stage_one_counts_at_most_max_tenants_names_a_second_and_loses_no_attempt():
+    agg = RequestAgg()
+    for t in range(3 * MAX_TENANTS):
+        agg.fold(attempt(100, f"t{t}", "received"))
+    assert len(agg.tenants) == MAX_TENANTS + 1 and agg.tenants[OTHER_TENANTS][0] == 2 * MAX_TENANTS
+    merged = RequestAgg()
+    merged.merge(agg)
+    merged.merge(RequestAgg.from_dict(agg.to_dict()))
+    assert len(merged.tenants) == MAX_TENANTS + 1
+    assert sum(c[0] for c in merged.tenants.values()) == 2 * 3 * MAX_TENANTS
+
+
+@pytest.mark.parametrize("hostile", [[1, 2], {"a": [1]}, {"a": [1, -1]}, {"a": [1, 2.5]}, {"a": [True, 1]},
+                                     {"a": "1,2"}, {"x" * 65: [1, 1]}, {"a": [1, 1 << 60]}])
+def test_a_partial_with_malformed_tenant_counts_is_refused_whole(hostile):
+    with pytest.raises(ValueError):
+        RequestAgg.from_dict({"received": 1, "tenants": hostile})
+
+
+def test_a_picture_without_tenants_from_an_older_worker_is_still_valid():
+    picture = picture_of([attempt(105, "a", "received")])
+    assert [(r["tenant"], r["admitted_rps"]) for r in picture["tenants"]] == [("a", 0.0)]
+    del picture["tenants"]
+    assert not list(reference("load_picture").iter_errors(picture))
