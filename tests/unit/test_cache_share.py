@@ -3,11 +3,10 @@ cached-input share from the requests, bounded whatever the counters say."""
 
 from pipeline.events import ReplicaSample
 from pipeline.load.cache_share import MAX_REPLICA_RATES
-from pipeline.load.partial import PartialBuilder
-from pipeline.load.picture import PoolState, read_picture
+from pipeline.load.picture import read_picture
 from pipeline.sim.specimens import replica_sample
 from tests.reference import reference
-from tests.unit.test_picture import CONFIG, req
+from tests.unit.test_picture import req, snapshot_of
 
 import orjson
 
@@ -22,16 +21,8 @@ def counting(replica: str, second: int, hits: float, queries: float) -> ReplicaS
 
 
 def picture_of(per_replica: dict[str, tuple[float, float]], requests=()) -> dict:
-    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
-    for second in range(90, 111):
-        for replica, (hits, queries) in per_replica.items():
-            builder.fold_sample(counting(replica, second, hits, queries))
-    for event in requests:
-        builder.fold_request(event)
-    state = PoolState("p")
-    for partial in builder.drain(1):
-        state.merge(partial, CONFIG)
-    return state.snapshot(CONFIG)
+    return snapshot_of([counting(replica, second, hits, queries) for second in range(90, 111)
+                        for replica, (hits, queries) in per_replica.items()], requests)
 
 
 def test_hit_rates_come_from_the_counters_and_the_share_from_the_requests():

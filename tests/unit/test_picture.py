@@ -308,3 +308,16 @@ def test_ttft_censoring_and_first_token_counts():
                                           error_type="timeout")))
     assert agg.counts["timeouts"] == 1 and agg.sketches["ttft"].count == 1
     assert agg.sketches["ttft"].quantile(0.5) == pytest.approx(10.0, rel=0.02)
+
+
+def snapshot_of(samples, requests=()) -> dict:
+    """Pool ``p``'s published picture after folding ``samples`` and ``requests`` into one stage-1 partial."""
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for s in samples:
+        builder.fold_sample(s)
+    for event in requests:
+        builder.fold_request(event)
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    return state.snapshot(CONFIG)

@@ -4,12 +4,10 @@ import pytest
 
 from pipeline.events import RequestEvent
 from pipeline.load.aggregates import MAX_TENANTS, OTHER_TENANTS, RequestAgg
-from pipeline.load.partial import PartialBuilder
-from pipeline.load.picture import PoolState
 from pipeline.load.tenant_load import MAX_PICTURE_TENANTS
 from pipeline.sim.specimens import request_event
 from tests.reference import reference
-from tests.unit.test_picture import CONFIG, sample
+from tests.unit.test_picture import sample, snapshot_of
 
 
 def attempt(second: int, tenant: str, phase: str, n: int = 0) -> RequestEvent:
@@ -18,15 +16,7 @@ def attempt(second: int, tenant: str, phase: str, n: int = 0) -> RequestEvent:
 
 
 def picture_of(events) -> dict:
-    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
-    for second in range(100, 111):
-        builder.fold_sample(sample("r1", second, 0, 0.3, 0))
-    for event in events:
-        builder.fold_request(event)
-    state = PoolState("p")
-    for partial in builder.drain(1):
-        state.merge(partial, CONFIG)
-    return state.snapshot(CONFIG)
+    return snapshot_of([sample("r1", second, 0, 0.3, 0) for second in range(100, 111)], events)
 
 
 def test_a_noisy_tenant_leads_the_list_and_the_rest_are_one_row():
