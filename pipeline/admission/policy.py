@@ -188,11 +188,16 @@ def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> floa
 def busy(picture: Mapping[str, Any]) -> float:
     """How busy the fleet is with what was admitted: the admitted rate, KV cache or compute, whichever is
     nearest its limit."""
-    axes = picture["axes"]
-    demand = axes["demand"]
+    demand = picture["axes"]["demand"]
     admitted = (demand.get("detail") or {}).get("admitted_rps")
     admitted_pressure = pressure(admitted, demand["limit"]) if admitted is not None else float(demand["pressure"])
-    return max(admitted_pressure, float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
+    return max(admitted_pressure, replicas_busy(picture))
+
+
+def replicas_busy(picture: Mapping[str, Any]) -> float:
+    """How full the replicas are: KV cache or compute, whichever is nearest its limit."""
+    axes = picture["axes"]
+    return max(float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
 
 
 def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: float, cfg: AdmissionConfig) -> float:
@@ -218,10 +223,8 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     limit = float(picture["axes"]["demand"]["limit"])
     queue = picture["axes"]["queue"]
     drain = float((queue.get("detail") or {}).get("drain_rps") or 0.0)
-    axes = picture["axes"]
-    busy_replicas = max(float(axes["kv_cache"]["pressure"]), float(axes["compute"]["pressure"]))
     if (float(queue["pressure"]) >= cfg.saturated_queue_pressure and drain > 0
-            and busy_replicas >= cfg.windup_utilisation):
+            and replicas_busy(picture) >= cfg.windup_utilisation):
         return min(limit, drain)
     if not previous_rps:
         return limit

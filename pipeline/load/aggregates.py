@@ -31,6 +31,7 @@ REQUEST_COUNTS = (
 )
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
+MAX_TENANT_NAME = 64        # request_event.v1's maxLength for tenant: a partial's longer names are not tenants
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
 
@@ -147,7 +148,7 @@ class RequestAgg:
         if not isinstance(value, dict):
             raise ValueError("tenants is not an object")
         for name, pair in value.items():
-            if (not isinstance(name, str) or len(name) > 64 or not isinstance(pair, list) or len(pair) != 2
+            if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME or not isinstance(pair, list) or len(pair) != 2
                     or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in pair)):
                 raise ValueError("tenants holds something that is not [received, admitted] per tenant name")
             counts = self._tenant(name)
