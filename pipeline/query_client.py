@@ -56,16 +56,16 @@ def run_query(settings: Settings, sql: str, url: str | None = None) -> tuple[lis
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    columns = list(rows[0]) if rows else []
+    columns = list(dict.fromkeys(c for r in rows for c in r))   # every row's columns: rows may differ
     if fmt == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", restval="")
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
     if not rows:
         return "(no rows)"
-    cells = [[_text(r[c]) for c in columns] for r in rows]
+    cells = [[_text(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]

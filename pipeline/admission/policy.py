@@ -53,8 +53,8 @@ from typing import Any, Mapping, Sequence
 
 from ..events import PRIORITIES
 from ..load.picture import pressure
+from .tenant_shares import MAX_LISTED, SHED_ORDER, fit_level, level_for_the_rest, wanted_levels
 
-SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
 STATES = ("ok", "pressured", "overloaded", "critical")
 
 
@@ -81,6 +81,14 @@ class AdmissionConfig:
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
+    # fair shares between tenants (tenant_shares): a tenant offering more than its weighted share of the
+    # pool's budget sheds its own lower classes first, so the others are not shed for its burst
+    tenant_fairness: bool = True
+    tenant_weights: tuple[tuple[str, float], ...] = ()   # (tenant, weight) pairs; the setting takes a mapping
+    default_tenant_weight: float = 1.0
+    fair_share_tolerance: float = 0.1    # a tenant is listed once this share over its fair share ...
+    fair_share_sigmas: float = 3.0       # ... plus this many standard deviations of its window's count; kept
+    # while over by half that (tenant_shares.wanted_levels: tenants alike must not be listed on noise)
     retry_budget: float = 0.1
     stale_after_s: float = 5.0
     stale_hold_s: float = 10.0
@@ -109,6 +117,8 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
     for name, value in overrides.items():
         if name not in known:
             raise ValueError(f"admission_policy: unknown knob {name!r}; known: {sorted(known)}")
+        if name == "tenant_weights":
+            value = _tenant_weights(value)
         values[name] = tuple(value) if isinstance(value, list) else value
     cfg = replace(AdmissionConfig(), **values)
     if not (len(cfg.enter) == len(cfg.leave) == 3 and all(l < e for l, e in zip(cfg.leave, cfg.enter))
@@ -118,7 +128,23 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
         raise ValueError("admission_policy: critical_floor in [0, 1], steps positive")
     if cfg.saturated_queue_pressure <= 0 or cfg.capacity_recovery <= 0:
         raise ValueError("admission_policy: saturated_queue_pressure and capacity_recovery must be positive")
+    if not 0 < cfg.default_tenant_weight < 1e9 or cfg.fair_share_tolerance < 0 or cfg.fair_share_sigmas < 0:
+        raise ValueError("admission_policy: default_tenant_weight in (0, 1e9), fair_share_tolerance and "
+                         "fair_share_sigmas not negative")
     return cfg
+
+
+def _tenant_weights(value: Any) -> tuple[tuple[str, float], ...]:
+    """The ``tenant_weights`` knob: a mapping of tenant name to a positive, finite weight."""
+    if not isinstance(value, Mapping):
+        raise ValueError("admission_policy: tenant_weights must map tenant names to weights")
+    out = []
+    for tenant, weight in value.items():
+        if (not isinstance(tenant, str) or not tenant or isinstance(weight, bool)
+                or not isinstance(weight, (int, float)) or not 0 < weight < 1e9):
+            raise ValueError(f"admission_policy: tenant_weights[{tenant!r}] must be a weight in (0, 1e9)")
+        out.append((tenant, float(weight)))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,8 @@ class Decision:
     held_since_ms: int = 0  # when the deadband started holding a turn (0: not holding)
     capacity_rps: float = 0.0  # requests/s the feed-forward budgeted (0: the profile's figure)
     capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
+    tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
+    rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -233,24 +261,43 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     return min(limit, previous_rps + cfg.capacity_recovery * limit)
 
 
+def offered_by_class(picture: Mapping[str, Any]) -> dict[str, float]:
+    """Attempts/s offered per class (retries of shed work included), from the demand axis."""
+    detail = picture["axes"]["demand"].get("detail") or {}
+    offered = detail.get("offered_rps") or detail.get("first_attempts_rps") or {}  # older pictures: first attempts
+    return {name: float(offered.get(name, 0.0)) for name in SHED_ORDER}
+
+
 def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacity_rps: float | None = None) -> float:
     """The smallest shed level at which the offered attempts fit the admitted capacity."""
-    demand = picture["axes"]["demand"]
-    detail = demand.get("detail") or {}
-    offered = detail.get("offered_rps") or detail.get("first_attempts_rps")  # older pictures: first attempts
-    if not offered:
-        return 0.0
-    top = len(SHED_ORDER) - cfg.critical_floor
-    limit = float(demand["limit"]) if capacity_rps is None else capacity_rps
-    budget = cfg.feed_forward_utilisation * limit
-    rates = [float(offered.get(name, 0.0)) for name in SHED_ORDER]
-    if sum(rates) <= budget:
-        return 0.0
-    for i, rate in enumerate(rates):
-        rest = sum(rates[i + 1:])
-        if rest <= budget:
-            return min(top, i + 1.0 - (budget - rest) / rate)
-    return top
+    limit = float(picture["axes"]["demand"]["limit"]) if capacity_rps is None else capacity_rps
+    offered = offered_by_class(picture)
+    return fit_level([offered[name] for name in SHED_ORDER], cfg.feed_forward_utilisation * limit,
+                     len(SHED_ORDER) - cfg.critical_floor)
+
+
+def tenant_levels(picture: Mapping[str, Any], previous: Mapping[str, float], level: float,
+                  cfg: AdmissionConfig, hold: bool = False) -> dict[str, float]:
+    """Each listed tenant's shed level this tick: toward what its fair share needs, in the pool level's
+    bounded steps and deadband (a share that moves with every picture's noise would saw the tenant's
+    fractions); held as they are with ``hold`` (a stale picture, fail-static), at most MAX_LISTED."""
+    if hold:
+        return dict(previous)
+    wanted = {}
+    if cfg.tenant_fairness:
+        wanted = wanted_levels(picture.get("tenants") or (), offered_by_class(picture), level,
+                               dict(cfg.tenant_weights), cfg.default_tenant_weight, cfg.fair_share_tolerance,
+                               cfg.fair_share_sigmas, _fast_window_s(picture), listed=previous)
+    out = {}
+    for tenant in set(wanted) | set(previous):
+        # a tenant's level is never below the pool's: it moves from there, not from zero
+        before, target = max(previous.get(tenant, 0.0), level), wanted.get(tenant, 0.0)
+        if before and abs(target - before) <= cfg.reversal_deadband and target > 0:
+            target = before
+        moved = min(max(target, before - cfg.level_step_down), before + cfg.level_step_up)
+        if moved > level:   # at or below the pool's level, a tenant needs no level of its own
+            out[tenant] = round(moved, 6)
+    return dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
 
 
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
@@ -294,6 +341,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         if now_ms - stale_since > cfg.stale_hold_s * 1000:
             level = max(0.0, level - cfg.step_down)
         trim = level
+        tenants = tenant_levels(picture, dict(previous.tenant_levels), level, replace(cfg, tenant_fairness=False),
+                                hold=now_ms - stale_since <= cfg.stale_hold_s * 1000)
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
@@ -329,9 +378,19 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     direction = previous.direction
     if level != previous.shed_level:
         direction = 1 if level > previous.shed_level else -1
-    admit = class_fractions(level, cfg.critical_floor)
-    continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
-    continuing = {c: max(continuing[c], admit[c]) for c in PRIORITIES}
+    if not stale:
+        tenants = tenant_levels(picture, dict(previous.tenant_levels), level, cfg)
+    rest = level_for_the_rest(picture.get("tenants") or (), offered_by_class(picture), level, tenants,
+                              len(SHED_ORDER) - cfg.critical_floor)
+    # in the pool level's bounded steps too: a tenant listed or dropped must not swing everyone else's
+    # fractions from one tick to the next
+    rest = min(level, max(rest, previous.rest_level - cfg.level_step_down), previous.rest_level + cfg.level_step_up)
+    admit, continuing = _fractions(rest, cfg)
+    # a listed tenant's tasks under way keep the pool's fractions: their earlier steps are work already
+    # paid for (and cached); its new tasks bring it back to its share
+    listed = [{"tenant": tenant, "admit_fraction": _fractions(tenant_level, cfg)[0],
+               "continuing_task_admit_fraction": continuing}
+              for tenant, tenant_level in sorted(tenants.items()) if tenant_level > rest]
 
     queue = picture["axes"]["queue"]["detail"]
     predicted_wait = queue.get("predicted_wait_s")
@@ -348,7 +407,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     drain = queue.get("drain_rps") or 0.0
     retry_after = min(300.0, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
     defer_after = max(cfg.defer_min_s, retry_after)
-    deferred = [c for c in ("deferrable",) if admit[c] < 1.0]
+    deferred = [c for c in ("deferrable",) if min([admit[c]] + [e["admit_fraction"][c] for e in listed]) < 1.0]
 
     seq = max(previous.seq + 1, now_ms)  # monotonic per pool, across controller restarts too
     signal = {
@@ -368,11 +427,28 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         "defer": {"classes": deferred, "retry_after_s": round(defer_after, 3)},
         "reasons": reasons[:32],
     }
+    if listed:   # absent when empty: routers that predate it see the signal they know
+        signal["tenant_admit_fraction"] = listed
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
-                    capacity_rps=round(capacity, 6), capacity_measured=measured, signal=signal)
+                    capacity_rps=round(capacity, 6), capacity_measured=measured,
+                    tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), signal=signal)
+
+
+def _fast_window_s(picture: Mapping[str, Any]) -> float:
+    """The window the picture's rates are counted over (the settings' default when it says none usable)."""
+    windows = picture.get("windows_s")
+    fast = windows.get("fast") if isinstance(windows, dict) else None
+    return float(fast) if type(fast) in (int, float) and 0 < fast <= 86400 else 10.0
+
+
+def _fractions(level: float, cfg: AdmissionConfig) -> tuple[dict[str, float], dict[str, float]]:
+    """Admit fractions for new work and for tasks under way (``continuing_credit`` levels later)."""
+    admit = class_fractions(level, cfg.critical_floor)
+    continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
+    return admit, {c: max(continuing[c], admit[c]) for c in PRIORITIES}
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can
@@ -389,6 +465,8 @@ def changed(a: Decision, b: Decision) -> bool:
         return True
     keys = ("state", "admit_fraction", "continuing_task_admit_fraction", "redirect", "defer")
     if any(a.signal[k] != b.signal[k] for k in keys) or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
+        return True
+    if a.signal.get("tenant_admit_fraction") != b.signal.get("tenant_admit_fraction"):
         return True
     wait, new_wait = a.signal["max_predicted_wait_s"], b.signal["max_predicted_wait_s"]
     return abs(new_wait - wait) > max(WAIT_CHANGE_S, WAIT_CHANGE_FRACTION * wait)

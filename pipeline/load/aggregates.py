@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import ReplicaSample, RequestEvent
+from ..events import PRIORITIES, ReplicaSample, RequestEvent
 from .sketch import QuantileSketch
 
 REQUEST_COUNTS = (
@@ -31,6 +31,10 @@ REQUEST_COUNTS = (
 )
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
+# per tenant: received, admitted, then received per class (a tenant's class mix: fair shares shed its own
+# lower classes first)
+TENANT_CLASS_AT = {name: 2 + i for i, name in enumerate(PRIORITIES)}
+TENANT_COUNTS = 2 + len(PRIORITIES)
 MAX_TENANT_NAME = 64        # request_event.v1's maxLength for tenant: a partial's longer names are not tenants
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
@@ -44,7 +48,8 @@ class RequestAgg:
     def __init__(self) -> None:
         self.counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.sketches: dict[str, QuantileSketch] = {}
-        self.tenants: dict[str, list[int]] = {}   # tenant → [attempts received, attempts admitted]
+        # tenant → [attempts received, attempts admitted, then received per class in PRIORITIES' order]
+        self.tenants: dict[str, list[int]] = {}
 
     def _tenant(self, name: str) -> list[int]:
         counts = self.tenants.get(name)
@@ -53,7 +58,7 @@ class RequestAgg:
                 name = OTHER_TENANTS
                 counts = self.tenants.get(name)
             if counts is None:
-                counts = self.tenants[name] = [0, 0]
+                counts = self.tenants[name] = [0] * TENANT_COUNTS
         return counts
 
     def _sketch(self, name: str) -> QuantileSketch:
@@ -69,7 +74,9 @@ class RequestAgg:
         if phase == "received":
             c["received"] += 1
             c["received_" + e.priority] += 1
-            self._tenant(e.tenant)[0] += 1
+            counts = self._tenant(e.tenant)
+            counts[0] += 1
+            counts[TENANT_CLASS_AT[e.priority]] += 1
             if e.attempt == 1:
                 c["first_attempts"] += 1
                 c["first_" + e.priority] += 1
@@ -84,6 +91,12 @@ class RequestAgg:
             c[phase] += 1
             if phase == "admitted":
                 self._tenant(e.tenant)[1] += 1
+            elif phase == "deferred":
+                # a deferred request asks again with the same attempt: its tenant offered it once (as the
+                # demand axis's offered_rps nets deferrals out); never below zero across a second's edge
+                counts = self._tenant(e.tenant)
+                for i in (0, TENANT_CLASS_AT[e.priority]):
+                    counts[i] = max(0, counts[i] - 1)
             elif phase == "cancelled":
                 self._censored(e)
         elif phase == "rejected":
@@ -129,10 +142,10 @@ class RequestAgg:
         c = self.counts
         for name, value in other.counts.items():
             c[name] += value
-        for name, (received, admitted) in other.tenants.items():
+        for name, theirs in other.tenants.items():
             counts = self._tenant(name)
-            counts[0] += received
-            counts[1] += admitted
+            for i, n in enumerate(theirs):
+                counts[i] += n
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: v for k, v in self.counts.items() if v}
@@ -143,17 +156,20 @@ class RequestAgg:
         return out
 
     def _read_tenants(self, value: Any) -> None:
-        """Per-tenant counts from a partial (any worker can write the partials topic): names mapped to two
-        non-negative integers, at most MAX_TENANTS by name; anything else refuses the partial."""
+        """Per-tenant counts from a partial (any worker can write the partials topic): names mapped to
+        TENANT_COUNTS non-negative integers (or two, from workers before the per-class counts), at most
+        MAX_TENANTS by name; anything else refuses the partial."""
         if not isinstance(value, dict):
             raise ValueError("tenants is not an object")
         for name, pair in value.items():
-            if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME or not isinstance(pair, list) or len(pair) != 2
+            if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME or not isinstance(pair, list)
+                    or len(pair) not in (2, TENANT_COUNTS)
                     or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in pair)):
-                raise ValueError("tenants holds something that is not [received, admitted] per tenant name")
+                raise ValueError("tenants holds something that is not [received, admitted, received per class] "
+                                 "per tenant name")
             counts = self._tenant(name)
-            counts[0] += pair[0]
-            counts[1] += pair[1]
+            for i, n in enumerate(pair):
+                counts[i] += n
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RequestAgg":

@@ -27,9 +27,10 @@ from typing import Any, Mapping
 
 import orjson
 
+from ..events import PRIORITIES
 from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
 from .cache_share import cache_share
-from .tenant_load import tenant_load
+from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
 from .partial import Partial
 from .profiles import Profile
@@ -367,7 +368,27 @@ def read_picture(raw: bytes) -> dict[str, Any]:
     _field(rates, "arrival_rps", NUMBER, "rates")
     for name, value in rates.items():
         _number(value, f"rates.{_name(name)}")
+    if "tenants" in picture:
+        _tenants(picture["tenants"])
     return picture
+
+
+def _tenants(rows: Any) -> None:
+    """The optional per-tenant rows the policy's fair shares read (tenant_load's shape)."""
+    if type(rows) is not list or len(rows) > MAX_PICTURE_TENANTS + 1:
+        raise ValueError(f"tenants must be an array of at most {MAX_PICTURE_TENANTS + 1} rows")
+    for row in rows:
+        _object(row, "tenants[]")
+        tenant = _field(row, "tenant", (str,), "tenants[]")
+        if not 0 < len(tenant) <= 64:
+            raise ValueError("tenants[].tenant must have 1 to 64 characters")
+        for name in ("offered_rps", "admitted_rps"):
+            _number(_field(row, name, NUMBER, "tenants[]"), f"tenants[].{name}")
+        if "offered_rps_by_class" in row:
+            by_class = _field(row, "offered_rps_by_class", (dict,), "tenants[]")
+            for name in PRIORITIES:
+                _number(_field(by_class, name, NUMBER, "tenants[].offered_rps_by_class"),
+                        f"tenants[].offered_rps_by_class.{name}")
 
 
 JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",

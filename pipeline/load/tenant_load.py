@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .aggregates import OTHER_TENANTS, RequestAgg
+from ..events import PRIORITIES
+from .aggregates import OTHER_TENANTS, TENANT_CLASS_AT, RequestAgg
 from .axes import finite
 
 MAX_PICTURE_TENANTS = 16
@@ -25,6 +26,13 @@ def tenant_load(requests: RequestAgg, fast_s: float) -> list[dict[str, Any]]:
         rest.append(requests.tenants[OTHER_TENANTS])
     rows = [(name, counts) for name, counts in named[:MAX_PICTURE_TENANTS]]
     if rest:
-        rows.append((OTHER_TENANTS, [sum(c[0] for c in rest), sum(c[1] for c in rest)]))
-    return [{"tenant": name, "offered_rps": finite(received / fast_s), "admitted_rps": finite(admitted / fast_s)}
-            for name, (received, admitted) in rows]
+        rows.append((OTHER_TENANTS, [sum(column) for column in zip(*rest)]))
+    return [_row(name, counts, fast_s) for name, counts in rows]
+
+
+def _row(name: str, counts: list[int], fast_s: float) -> dict[str, Any]:
+    row = {"tenant": name, "offered_rps": finite(counts[0] / fast_s), "admitted_rps": finite(counts[1] / fast_s)}
+    by_class = {c: counts[TENANT_CLASS_AT[c]] for c in PRIORITIES}
+    if any(by_class.values()):   # partials from workers before the per-class counts carry none
+        row["offered_rps_by_class"] = {c: finite(n / fast_s) for c, n in by_class.items()}
+    return row

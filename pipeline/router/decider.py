@@ -48,8 +48,14 @@ class Decider:
         # only through its admit fraction, after every other class, down to the policy's floor
         if slo is not None and request.priority != "critical" and signal["max_predicted_wait_s"] > slo:
             return self._elsewhere(signal, slo, "predicted_wait")
-        fractions = signal["continuing_task_admit_fraction" if request.continuing else "admit_fraction"]
-        if self.rng.random() < fractions[request.priority]:
+        kind = "continuing_task_admit_fraction" if request.continuing else "admit_fraction"
+        fraction = signal[kind][request.priority]
+        if request.tenant is not None:
+            # a tenant over its fair share is shed by its own fractions (never more leniently than the pool)
+            entry = self.book.tenants.get(request.pool, {}).get(request.tenant)
+            if entry is not None:
+                fraction = min(fraction, entry[kind][request.priority])
+        if self.rng.random() < fraction:
             return ADMIT
         if request.priority in signal["defer"]["classes"]:
             return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))

@@ -34,6 +34,7 @@ class SignalBook:
         self.max_skew_ms = max_skew_s * 1000
         self.max_validity_ms = max_validity_s * 1000
         self.signals: dict[str, dict] = {}
+        self.tenants: dict[str, dict[str, dict]] = {}   # per pool: the newest signal's tenant entries by name
         self.refused: dict[str, int] = {}
 
     def _refuse(self, reason: str) -> bool:
@@ -63,4 +64,5 @@ class SignalBook:
         if current is not None and signal["seq"] <= current["seq"]:
             return self._refuse("replayed")
         self.signals[signal["pool"]] = signal
+        self.tenants[signal["pool"]] = {entry["tenant"]: entry for entry in signal.get("tenant_admit_fraction", ())}
         return True

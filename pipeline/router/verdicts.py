@@ -14,6 +14,7 @@ class Request:
     retry: bool = False        # attempt > 1
     slo_ttft_s: float | None = None
     after_shed: bool = False   # this retry follows a rejection by admission, honouring its retry-after
+    tenant: str | None = None  # whose work it is: a tenant over its fair share is shed by its own fractions
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,16 @@ class Arrival:
     at_s: float
     input_tokens: int
     output_tokens: int
+    tenant: str | None = None   # whose task it is (None: drawn at random by the fleet)
+
+
+def rotated(trace: Sequence[TraceRow], start: int) -> list[TraceRow]:
+    """The trace from row ``start`` on, then its beginning: the same arrival pattern, another stretch of it
+    first (streams of several tenants from one trace, whose bursts do not line up)."""
+    start %= len(trace)
+    span, base = trace[-1].offset_s, trace[start].offset_s
+    return ([row._replace(offset_s=row.offset_s - base) for row in trace[start:]]
+            + [row._replace(offset_s=row.offset_s + span - base) for row in trace[:start]])
 
 
 def trace_arrivals(trace: Sequence[TraceRow], schedule: RateSchedule, duration_s: float) -> Iterator[Arrival]:

@@ -138,6 +138,7 @@ class Stats:
     published: int = 0               # events handed to ``emit``
     arrival_tokens_per_s: float = 0.0  # tokens/s the replicas processed while tasks arrived (after warm-up)
     timeline: dict[int, dict[str, float]] = field(default_factory=dict)  # per second
+    rejected: dict[str, int] = field(default_factory=dict)  # attempts admission rejected (not deferred), per tenant
 
 
 class FleetSim:
@@ -254,6 +255,7 @@ class FleetSim:
         for _ in range(n - 1):
             steps.append((self.rng.randint(20, 400), max(1, int(arrival.output_tokens * self.rng.uniform(0.3, 1.2)))))
         priority, tenant = pick_priority(self.rng), TENANTS[self.rng.randrange(len(TENANTS))]
+        tenant = arrival.tenant or tenant
         task = Task(f"task-{self._task_no:07d}", priority, tenant, self.now, steps,
                     context=min(MAX_CONTEXT, first_input), pool=pool)
         self.stats.tasks.append(task)
@@ -269,9 +271,12 @@ class FleetSim:
         task.waiting_verdict = False
         retry = task.attempt > 0
         request = Request(task.pool, task.priority, continuing=task.step > 0, retry=retry,
-                          slo_ttft_s=self.client.slo(task.priority), after_shed=retry and task.last_shed)
+                          slo_ttft_s=self.client.slo(task.priority), after_shed=retry and task.last_shed,
+                          tenant=task.tenant)
         verdict = self.controller.verdict(request, self.now)
         self.stats.decisions += 1
+        if isinstance(verdict, Reject):
+            self.stats.rejected[task.tenant] = self.stats.rejected.get(task.tenant, 0) + 1
         self._second("decisions", 1)
         request_id = f"{task.id}-s{task.step}"
         base = self._base_event(task, request_id, task.attempt + 1, task.pool)

@@ -4,7 +4,9 @@ The goals (docs/simulator.md): against no control, at least 2× the
 SLO-goodput wherever no control misses its SLO, and at most half its cost
 per SLO-successful task there; against the fixed threshold, at least its
 SLO-goodput everywhere and 1.1× where its critical attainment is under 99%;
-critical attainment of at least 99% everywhere.
+critical attainment of at least 99% everywhere. Where a tenant bursts (noisy-neighbour): the other
+tenants' attainment within one point of their run without the burst, the bursting tenant absorbing at
+least 90% of the refusals, and SLO-goodput no lower than Sluice without its fair shares.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 from typing import Iterable
 
 ATTAINMENT = 0.99
+FAIRNESS_POINTS = 0.01     # the other tenants' attainment may fall this much below their run without the burst
+BURST_SHED_SHARE = 0.9     # the bursting tenant's least share of the refusals
+UNFAIR = "sluice without fairness"   # the controller row the fairness goals compare with
 CLASSES = ("critical", "standard", "sheddable", "deferrable")
 
 
@@ -42,9 +47,30 @@ def check(rows: Iterable[dict]) -> list[dict]:
             failed.append(f"goodput {vs_fixed:.3f}x fixed < {need}")
         if sluice["attain_critical"] < ATTAINMENT:
             failed.append(f"critical {sluice['attain_critical']:.4f} < {ATTAINMENT}")
+        fairness = _fairness(sluice, by.get(UNFAIR))
+        failed += fairness.pop("failed")
         out.append({"scenario": scenario, "seed": seed, "vs_none": round(vs_none, 2), "vs_fixed": round(vs_fixed, 3),
                     "critical": sluice["attain_critical"], "fixed_critical": fixed["attain_critical"],
                     "cost_vs_none": round(cost_ratio, 3) if cost_ratio is not None else None,
-                    "reversals_per_min": sluice.get("fraction_reversals_per_min"),
+                    "reversals_per_min": sluice.get("fraction_reversals_per_min"), **fairness,
                     "failed": "; ".join(failed)})
     return out
+
+
+def _fairness(sluice: dict, unfair: dict | None) -> dict:
+    """The noisy-neighbour goals, where a scenario has a bursting tenant: the other tenants' attainment
+    within ``FAIRNESS_POINTS`` of their run without the burst, the bursting tenant absorbing at least
+    ``BURST_SHED_SHARE`` of the refusals, pool SLO-goodput no lower than Sluice without fairness."""
+    if "attain_others_no_burst" not in sluice or unfair is None:
+        return {"others": None, "others_no_burst": None, "burst_shed_share": None, "vs_unfair": None, "failed": []}
+    failed = []
+    others, calm, share = sluice["attain_others"], sluice["attain_others_no_burst"], sluice["burst_shed_share"]
+    if others < calm - FAIRNESS_POINTS:
+        failed.append(f"other tenants {others:.4f} < {calm:.4f} without the burst - {FAIRNESS_POINTS}")
+    if share is not None and share < BURST_SHED_SHARE:
+        failed.append(f"bursting tenant took {share:.3f} of the shedding < {BURST_SHED_SHARE}")
+    vs_unfair = sluice["slo_goodput"] / unfair["slo_goodput"] if unfair["slo_goodput"] else float("inf")
+    if vs_unfair < 1.0:
+        failed.append(f"goodput {vs_unfair:.3f}x sluice without fairness < 1")
+    return {"others": others, "others_no_burst": calm, "burst_shed_share": share,
+            "vs_unfair": round(vs_unfair, 3), "failed": failed}

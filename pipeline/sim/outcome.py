@@ -79,6 +79,17 @@ def summarise(sim: "FleetSim", stats: "Stats", duration_s: float) -> Outcome:
                    tokens_per_s=stats.arrival_tokens_per_s or tokens / max(sim.now, 1e-9))
 
 
+def tenant_figures(stats: "Stats", burst_tenant: str) -> dict:
+    """Who paid for a tenant's burst: the other tenants' SLO attainment (their SLO-successful share of the
+    tasks they sent, every class) and the bursting tenant's share of the attempts admission rejected
+    (deferrals are delay, not shedding: deferrable work still meets its SLO later)."""
+    others = [t for t in stats.tasks if t.tenant != burst_tenant]
+    met = sum(1 for t in others if t.outcome == "completed" and t.slo_met)
+    rejected = sum(stats.rejected.values())
+    return {"attain_others": round(met / len(others), 4) if others else 1.0,
+            "burst_shed_share": round(stats.rejected.get(burst_tenant, 0) / rejected, 4) if rejected else None}
+
+
 def timeline(sim: "FleetSim", until_s: float, window_s: int = 10) -> dict[str, list[tuple[float, float]]]:
     """Per-second series for the chart, as ``window_s`` moving averages: SLO-goodput (tasks/s, by the
     second they ended), admitted share of the router's decisions, mean KV usage of live replicas."""

@@ -11,6 +11,7 @@ from that load test; nothing else about the controller is fitted.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import math
 from dataclasses import dataclass, field, replace
@@ -21,11 +22,12 @@ from typing import Callable
 from ..admission.flapping import reversals_per_minute
 from ..cost import price_table
 from ..settings import Settings, load_settings
-from .arrivals import RateSchedule, gamma_arrivals, trace_arrivals
+from .arrivals import RateSchedule, gamma_arrivals, rotated, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess
+from .goals import UNFAIR
 from .fleet import ClientPolicy, FleetEvent, FleetSim, Sibling
 from .chart import MISSING, ChartsUnavailable, Incident, Panel, available, render
-from .outcome import Outcome, summarise, timeline
+from .outcome import Outcome, summarise, tenant_figures, timeline
 from .replay import load_trace
 from .replica import Hardware
 
@@ -67,6 +69,12 @@ class Scenario:
     traffic: Traffic = field(default_factory=Traffic)   # its SLO capacity is measured for this shape
     sibling_replicas: int = 0                 # a sibling pool of the same model (SIBLING) ...
     sibling_load: float = 0.0                 # ... with this steady load, × its own SLO capacity
+    tenants: tuple[str, ...] = ()             # tenants sharing ``base_load`` equally (empty: drawn at random)
+    burst_factor: float | None = None         # the first tenant's rate × this from spike_from_s to spike_to_s
+
+    @property
+    def burst_tenant(self) -> str | None:
+        return self.tenants[0] if self.tenants and self.burst_factor is not None else None
 
     def lost(self, replicas: int) -> int:
         """Replicas this scenario takes down, of ``replicas``."""
@@ -91,13 +99,15 @@ SCENARIOS = {s.name: s for s in (
              sibling_load=0.4),
     Scenario("prompt-heavy-spike", "code-assistant traffic (prompts 4×, outputs ¼): 0.7×, 2× from 60 s to 180 s, "
              "clients honouring Retry-After", 0.7, spike_load=2.0, client=POLITE_CLIENT, traffic=PROMPT_HEAVY),
+    Scenario("noisy-neighbour", "four tenants at 0.7× capacity together; one bursts to 5× its rate from 60 s "
+             "to 180 s (1.4× capacity)", 0.7, tenants=("acme", "globex", "initech", "umbrella"), burst_factor=5.0),
     Scenario("prompt-heavy-loss", "code-assistant traffic: 0.9×; 30% of replicas lost at 60 s, back cold at 240 s; "
              "clients honouring Retry-After", 0.9, lose_fraction=0.3, back_at_s=240.0, client=POLITE_CLIENT,
              traffic=PROMPT_HEAVY),
 )}
 # where the controller must pay for itself
 CONTROLLED = ("spike", "replica-loss", "retry-storm", "retry-after", "retry-after-jitter", "two-pools",
-              "prompt-heavy-spike", "prompt-heavy-loss")
+              "prompt-heavy-spike", "noisy-neighbour", "prompt-heavy-loss")
 
 
 @dataclass(frozen=True)
@@ -119,10 +129,14 @@ class Capacity:
     peak_tokens_per_s_per_replica: float
 
 
-def _arrivals(fleet: Fleet, schedule: RateSchedule, duration_s: float, traffic: Traffic = Traffic()):
+def _arrivals(fleet: Fleet, schedule: RateSchedule, duration_s: float, traffic: Traffic = Traffic(), stream: int = 0):
+    """Arrivals at ``schedule``; ``stream`` > 0 draws another stretch of the trace (or another gamma seed),
+    for tenants whose bursts should not line up."""
     trace = load_trace()
+    if stream:
+        trace = rotated(trace, stream * len(trace) // 7)
     if fleet.arrivals == "gamma":
-        arrivals = gamma_arrivals(trace, schedule, duration_s, fleet.burstiness, fleet.seed)
+        arrivals = gamma_arrivals(trace, schedule, duration_s, fleet.burstiness, fleet.seed * 101 + stream)
     else:
         arrivals = trace_arrivals(trace, schedule, duration_s)
     if traffic == Traffic():
@@ -169,6 +183,26 @@ def sluice_settings(capacity: Capacity, base: Settings | None = None) -> Setting
                    pool_profiles={POOL: "sim-pool", SIBLING: "sim-pool"}, replica_stale_after_s=5.0)
 
 
+def scenario_arrivals(scenario: Scenario, fleet: Fleet, capacity: Capacity):
+    """The scenario pool's arrivals: one stream, or one per tenant (merged in time, each task tagged)."""
+    if not scenario.tenants:
+        return _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s, scenario.traffic)
+    base = scenario.base_load * capacity.tasks_per_s / len(scenario.tenants)
+    streams = []
+    for i, tenant in enumerate(scenario.tenants):
+        schedule = RateSchedule(((0.0, base),))
+        if tenant == scenario.burst_tenant:
+            schedule = RateSchedule(((0.0, base), (scenario.spike_from_s, base * scenario.burst_factor),
+                                     (scenario.spike_to_s, base)))
+        streams.append(_tagged(tenant, _arrivals(fleet, schedule, fleet.duration_s, scenario.traffic, stream=i + 1)))
+    return heapq.merge(*streams, key=lambda a: a.at_s)
+
+
+def _tagged(tenant: str, arrivals):
+    for arrival in arrivals:
+        yield replace(arrival, tenant=tenant)
+
+
 def schedule_for(scenario: Scenario, capacity: Capacity) -> RateSchedule:
     base = scenario.base_load * capacity.tasks_per_s
     if scenario.spike_load is None:
@@ -177,9 +211,14 @@ def schedule_for(scenario: Scenario, capacity: Capacity) -> RateSchedule:
     return RateSchedule(((0.0, base), (scenario.spike_from_s, spike), (scenario.spike_to_s, base)))
 
 
-def controllers(settings: Settings, seed: int) -> dict[str, Callable[[], object]]:
-    return {"no control": NoControl, "fixed threshold": FixedThreshold,
-            "sluice": lambda: SluiceInProcess(settings, POOL, START_MS, seed)}
+def controllers(settings: Settings, seed: int, tenants: bool = False) -> dict[str, Callable[[], object]]:
+    """The controllers compared; with ``tenants``, Sluice without its fair shares between tenants too."""
+    out = {"no control": NoControl, "fixed threshold": FixedThreshold,
+           "sluice": lambda: SluiceInProcess(settings, POOL, START_MS, seed)}
+    if tenants:
+        unfair = replace(settings, admission_policy={**settings.admission_policy, "tenant_fairness": False})
+        out[UNFAIR] = lambda: SluiceInProcess(unfair, POOL, START_MS, seed)
+    return out
 
 
 def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, emit=None,
@@ -191,8 +230,7 @@ def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, 
         rate = scenario.sibling_load * capacity.tasks_per_s * scenario.sibling_replicas / fleet.replicas
         siblings = (Sibling(SIBLING, scenario.sibling_replicas, _arrivals(
             fleet, RateSchedule(((0.0, rate),)), fleet.duration_s, scenario.traffic)),)
-    return FleetSim(POOL, fleet.replicas, fleet.hardware,
-                    _arrivals(fleet, schedule_for(scenario, capacity), fleet.duration_s, scenario.traffic), controller,
+    return FleetSim(POOL, fleet.replicas, fleet.hardware, scenario_arrivals(scenario, fleet, capacity), controller,
                     scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
                     drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
                     emit=emit, siblings=siblings)
@@ -214,7 +252,7 @@ def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
 def run_controllers(scenario: Scenario, fleet: Fleet, capacity: Capacity, settings: Settings) -> dict[str, tuple]:
     """One scenario under every controller: label → (simulator, outcome)."""
     return {label: run_scenario(scenario, make(), fleet, capacity)
-            for label, make in controllers(settings, fleet.seed).items()}
+            for label, make in controllers(settings, fleet.seed, scenario.burst_tenant is not None).items()}
 
 
 def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), settings: Settings | None = None,
@@ -240,7 +278,14 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
             row["fraction_reversals_per_min"] = round(reversals_per_minute(
                 (fractions for t, _, fractions in history if t <= fleet.duration_s), fleet.duration_s), 2)
             row["seed"] = fleet.seed
+            if scenario.burst_tenant is not None:
+                row |= tenant_figures(sim.stats, scenario.burst_tenant)
             rows.append(row)
+        if scenario.burst_tenant is not None:   # what the other tenants get from Sluice without the burst
+            calm, _ = run_scenario(replace(scenario, burst_factor=None), SluiceInProcess(tuned, POOL, START_MS,
+                                                                                         fleet.seed), fleet, capacity)
+            rows[-len(runs) + list(runs).index("sluice")]["attain_others_no_burst"] = tenant_figures(
+                calm.stats, scenario.burst_tenant)["attain_others"]
         if charts is not None:
             charts.mkdir(parents=True, exist_ok=True)
             draw(charts / f"{name}.png", f"{name}: {scenario.description}",
@@ -276,6 +321,9 @@ def incidents(scenario: Scenario, duration_s: float, replicas: int = 10) -> tupl
     out = []
     if scenario.spike_load is not None:
         out.append(Incident(f"spike: {scenario.spike_load:g}× SLO capacity", scenario.spike_from_s,
+                            min(scenario.spike_to_s, duration_s)))
+    if scenario.burst_tenant is not None:
+        out.append(Incident(f"tenant {scenario.burst_tenant}: {scenario.burst_factor:g}× its rate", scenario.spike_from_s,
                             min(scenario.spike_to_s, duration_s)))
     lost = scenario.lost(replicas)
     if lost:

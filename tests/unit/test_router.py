@@ -188,8 +188,8 @@ def test_a_controller_an_hour_fast_cannot_pin_the_routers():
 
 
 def test_a_signal_with_fields_this_router_does_not_know_is_followed_by_what_it_knows():
-    """Expand before contract: a controller that adds a field to admission_signal.v1 (per-tenant fractions,
-    issue 16) must not make deployed routers refuse every signal. The schema alone would refuse it (what a
+    """Expand before contract: a controller that adds a field to admission_signal.v1 (as the per-tenant
+    fractions were, issue 16) must not make deployed routers refuse every signal. The schema alone would refuse it (what a
     router before this change did); this router drops unknown top-level fields after the signature check and
     follows the rest. Inside a known field the schema stays strict."""
     from pipeline.contract import Invalid
@@ -197,12 +197,12 @@ def test_a_signal_with_fields_this_router_does_not_know_is_followed_by_what_it_k
 
     d = decide(picture("p", watermark=2_000_000, queue=3.0), Decision("p"), AdmissionConfig(), 2_000_000)
     body = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": 2_000_000, **d.signal,
-            "tenant_admit_fraction": [{"tenant": "noisy", "critical": 0.5}]}
+            "surge_pricing": [{"tenant": "noisy", "multiplier": 2.0}]}
     with pytest.raises(Invalid):
         validate("admission_signal", body)   # a strict reader refuses the new field
     book = SignalBook(KEYS, clock=Clock(2_000.0))
     assert book.offer(sign(body, "k1", KEYS["k1"])) and book.refused == {}
-    assert "tenant_admit_fraction" not in book.signals["p"]
+    assert "surge_pricing" not in book.signals["p"]
     assert book.signals["p"]["admit_fraction"] == d.signal["admit_fraction"]
     nested = dict(body, admit_fraction={**d.signal["admit_fraction"], "platinum": 1.0}, seq=body["seq"] + 1)
     assert not book.offer(sign(nested, "k1", KEYS["k1"])) and book.refused == {"invalid": 1}

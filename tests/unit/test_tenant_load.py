@@ -62,3 +62,43 @@ def test_a_picture_without_tenants_from_an_older_worker_is_still_valid():
     assert [(r["tenant"], r["admitted_rps"]) for r in picture["tenants"]] == [("a", 0.0)]
     del picture["tenants"]
     assert not list(reference("load_picture").iter_errors(picture))
+
+
+def test_a_tenants_offered_work_is_counted_per_class_and_partials_of_older_workers_still_merge():
+    """The fair shares shed a tenant's own lower classes first, so the picture says what each tenant offers
+    per class; a partial from a worker before the per-class counts ([received, admitted]) still merges."""
+    events = []
+    for second in range(101, 111):
+        events += [RequestEvent(**request_event(event_time=second * 1000 + 500, pool="p", tenant="a", phase="received",
+                                                priority=priority, task_id=f"a-{second}-{priority}",
+                                                request_id=f"a-{second}-{priority}-r"))
+                   for priority in ("critical", "standard", "standard", "deferrable")]
+    (row,) = picture_of(events)["tenants"]
+    by_class = row["offered_rps_by_class"]
+    assert by_class["standard"] == pytest.approx(2 * by_class["critical"]) and by_class["sheddable"] == 0.0
+    assert sum(by_class.values()) == pytest.approx(row["offered_rps"])
+    old = RequestAgg.from_dict({"received": 3, "tenants": {"a": [3, 1]}})
+    old.merge_counts(RequestAgg.from_dict({"received": 1, "tenants": {"a": [1, 1, 0, 1, 0, 0]}}))
+    assert old.tenants["a"] == [4, 2, 0, 1, 0, 0]
+
+
+@pytest.mark.parametrize("hostile", [{"a": [1, 2, 3]}, {"a": [1, 1, 0, 0, 0, 0, 0]}, {"a": [1, 1, 0, -1, 0, 0]}])
+def test_per_class_tenant_counts_of_the_wrong_shape_refuse_the_partial(hostile):
+    with pytest.raises(ValueError):
+        RequestAgg.from_dict({"received": 1, "tenants": hostile})
+
+
+@pytest.mark.parametrize("rows,why", [
+    ("x", "array"), ([{"tenant": "a"}] * 18, "at most"), ([{"tenant": "", "offered_rps": 1, "admitted_rps": 1}], "1 to 64"),
+    ([{"tenant": "a", "offered_rps": -1, "admitted_rps": 1}], "negative"),
+    ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "offered_rps_by_class": {"critical": 1}}], "has no standard"),
+    ([{"tenant": "a", "offered_rps": "1", "admitted_rps": 1}], "number")])
+def test_a_picture_whose_tenants_the_policy_could_trip_on_is_refused_by_its_readers(rows, why):
+    """Any worker reads every picture of the load topic: tenant rows the fair shares read are checked too."""
+    import orjson
+
+    from pipeline.load.picture import read_picture
+
+    picture = picture_of([attempt(105, "a", "received")]) | {"tenants": rows}
+    with pytest.raises(ValueError, match=why):
+        read_picture(orjson.dumps(picture))

@@ -1,0 +1,134 @@
+"""Fair shares between tenants: which tenants offer more than their weighted share of the pool, and how far
+their own lower classes must be shed to bring them back to it. Pure.
+
+Shedding by priority class alone makes every tenant of a class pay for one tenant's burst. The pool's
+shed level decides *how much* is admitted (its feed-forward, trim and proportional parts, unchanged);
+fairness decides *whose*: what that level admits is split by **weighted max-min fairness** over the tenants'
+offered rates — a tenant offering less than its weighted share keeps everything it offers, what it leaves is
+split among the rest by weight. A tenant the pool's level would admit more than its share of gets a
+**tenant shed level** on the same scale (deferrable, then sheddable, then standard), just high enough for
+its own work to fit its share, and what that sheds beyond the pool's level is given back to everyone else
+by a lower level for the rest. So a tenant within its share is not shed for another's burst while the pool
+has capacity for its work, and with every tenant alike nothing changes. A tenant level never sheds critical
+work below the pool's level (it stops at ``MAX_TENANT_LEVEL``): critical work over the pool's capacity is
+shed by the pool's level, in the order the signal contract promises, not by whose it is.
+
+The ``(other)`` row (every tenant beyond the picture's largest) is no tenant a router can match: it counts
+toward the shares but is shed only by the pool's level.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Collection, Mapping, Sequence
+
+from ..load.aggregates import OTHER_TENANTS
+
+SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
+MAX_TENANT_LEVEL = 3.0   # deferrable, sheddable and standard shed; critical untouched
+MAX_LISTED = 16          # tenants a signal lists (admission_signal.v1's maxItems)
+
+
+def fit_level(rates: Sequence[float], budget: float, top: float) -> float:
+    """The smallest shed level at which ``rates`` (per class, in SHED_ORDER) fit ``budget``, at most ``top``."""
+    if sum(rates) <= budget:
+        return 0.0
+    for i, rate in enumerate(rates):
+        rest = sum(rates[i + 1:])
+        if rest <= budget:
+            return min(top, i + 1.0 - (budget - rest) / rate)
+    return top
+
+
+def fair_shares(offered: Mapping[str, float], weights: Mapping[str, float], default_weight: float,
+                budget: float) -> dict[str, float]:
+    """Weighted max-min fair shares of ``budget``: whoever asks for less than its share gets what it asks,
+    the rest split what remains by weight."""
+    shares: dict[str, float] = {}
+    pending = {t: o for t, o in offered.items() if o > 0}
+    left = max(0.0, budget)
+    while pending:
+        unit = left / sum(weights.get(t, default_weight) for t in pending)
+        within = {t: o for t, o in pending.items() if o <= unit * weights.get(t, default_weight)}
+        if not within:
+            shares.update({t: unit * weights.get(t, default_weight) for t in pending})
+            break
+        for tenant, asked in within.items():
+            shares[tenant] = asked
+            left -= asked
+            del pending[tenant]
+    return shares
+
+
+def _class_rates(row: Mapping[str, Any], pool_offered: Mapping[str, float]) -> list[float]:
+    """A tenant's offered attempts/s per class (SHED_ORDER); the pool's class mix when the picture has no
+    per-class counts for it (partials from older workers)."""
+    by_class = row.get("offered_rps_by_class")
+    if by_class:
+        return [float(by_class[c]) for c in SHED_ORDER]
+    total = sum(pool_offered.values())
+    share = float(row["offered_rps"]) / total if total else 0.0
+    return [float(pool_offered.get(c, 0.0)) * share for c in SHED_ORDER]
+
+
+def admitted_at(rates: Sequence[float], level: float) -> float:
+    """Attempts/s a shed level admits of ``rates`` (per class, SHED_ORDER), critical floor aside."""
+    return sum(rate * min(1.0, max(0.0, 1.0 - (level - i))) for i, rate in enumerate(rates))
+
+
+def wanted_levels(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str, float], pool_level: float,
+                  weights: Mapping[str, float], default_weight: float, tolerance: float, sigmas: float,
+                  window_s: float, listed: Collection[str] = ()) -> dict[str, float]:
+    """Tenant shed levels that bring each tenant that the pool's level would admit more than its fair
+    share of back to that share. The budget shared is what the pool's level admits: fairness decides whose
+    work is admitted, the pool's level how much.
+
+    What the pool's level would admit of a tenant over a ``window_s`` window is a count, with the count's
+    noise: with every tenant alike, some tenant is always a little over its share. So a tenant is listed
+    only when over its share by more than ``tolerance`` plus ``sigmas`` standard deviations of that count
+    (1/√n of it), and stays listed while over by half that (hysteresis), so tenants alike are not listed
+    and dropped with the noise."""
+    if pool_level <= 0:
+        return {}
+    budget = admitted_at([pool_offered[c] for c in SHED_ORDER], pool_level)
+    floor = shared_level(pool_level)
+    asked = {row["tenant"]: admitted_at(_class_rates(row, pool_offered), floor) for row in tenants}
+    shares = fair_shares(asked, weights, default_weight, budget)
+    out = {}
+    for row in tenants:
+        name = row["tenant"]
+        rates = _class_rates(row, pool_offered)
+        admitted = admitted_at(rates, pool_level)
+        margin = tolerance + sigmas / math.sqrt(max(1.0, admitted * window_s))   # the count compared is this one
+        if name in listed:
+            margin /= 2
+        if name == OTHER_TENANTS or admitted <= shares.get(name, 0.0) * (1 + margin):
+            continue
+        out[name] = max(pool_level, fit_level(rates, shares[name], max(MAX_TENANT_LEVEL, pool_level)))
+    return out
+
+
+def shared_level(pool_level: float) -> float:
+    """The part of the pool's level every tenant shares: deferral. Deferrable work is delayed within its own
+    long SLO, not lost, so the pool defers everyone's alike and fairness only decides whose work is
+    *rejected* (rejecting a bursting tenant's standard work to admit others' deferrable work at once would
+    lose tasks and gain none)."""
+    return min(pool_level, 1.0)
+
+
+def level_for_the_rest(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str, float], pool_level: float,
+                       levels: Mapping[str, float], top: float) -> float:
+    """The shed level for every tenant not listed: what the listed tenants' own levels shed beyond the
+    pool's level is given back to the rest (never a level above the pool's)."""
+    listed = [row for row in tenants if levels.get(row["tenant"], 0.0) > pool_level]
+    if not listed:
+        return pool_level
+    floor = shared_level(pool_level)
+    pool_rates = [pool_offered[c] for c in SHED_ORDER]
+    budget = admitted_at(pool_rates, pool_level)
+    rest = list(pool_rates)
+    for row in listed:
+        rates = _class_rates(row, pool_offered)
+        budget -= admitted_at(rates, levels[row["tenant"]])
+        rest = [r - t for r, t in zip(rest, rates)]
+    return min(pool_level, max(floor, fit_level([max(0.0, r) for r in rest], max(0.0, budget), top)))

@@ -1,0 +1,170 @@
+"""Fair shares between tenants: the shares, the policy's tenant levels, the signal's list and the router."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, config_from, decide
+from pipeline.admission.signing import sign
+from pipeline.admission.tenant_shares import MAX_LISTED, fair_shares
+from pipeline.load.aggregates import OTHER_TENANTS
+from pipeline.router import ADMIT, Decider, Request, SignalBook
+from tests.unit.test_admission_policy import TICK, picture
+
+CFG = AdmissionConfig()
+MIX = {"critical": 0.1, "standard": 0.5, "sheddable": 0.25, "deferrable": 0.15}
+KEYS = {"k1": b"k" * 32}
+
+
+def loaded(now, tenants: dict[str, float], limit=40.0, **pressures):
+    """A pool whose tenants offer these attempts/s, each in the same class mix, against ``limit`` req/s."""
+    p = picture(watermark=now, **pressures)
+    total = sum(tenants.values())
+    p["axes"]["demand"]["limit"] = limit
+    p["axes"]["demand"]["detail"] |= {"offered_rps": {c: total * MIX[c] for c in SHED_ORDER},
+                                      "admitted_rps": min(total, 0.95 * limit)}   # between recovery and target: no trim
+    p["tenants"] = [{"tenant": t, "offered_rps": rate, "admitted_rps": rate,
+                     "offered_rps_by_class": {c: rate * MIX[c] for c in SHED_ORDER}} for t, rate in tenants.items()]
+    return p
+
+
+def steady(tenants, cfg=CFG, ticks=40, start=None, **kw):
+    decision = start or Decision("p")
+    now = decision.watermark_ms
+    for _ in range(ticks):
+        now += TICK
+        decision = decide(loaded(now, tenants, **kw), decision, cfg, now)
+    return decision
+
+
+def listed(decision) -> dict[str, dict]:
+    return {e["tenant"]: e for e in decision.signal.get("tenant_admit_fraction", ())}
+
+
+def admitted(decision, tenant, rates):
+    entry = listed(decision).get(tenant)
+    fractions = entry["admit_fraction"] if entry else decision.signal["admit_fraction"]
+    return sum(rates[tenant] * MIX[c] * fractions[c] for c in SHED_ORDER)
+
+
+def test_shares_are_weighted_max_min_fair():
+    assert fair_shares({"a": 30, "b": 4, "c": 4}, {}, 1.0, 20) == pytest.approx({"a": 12, "b": 4, "c": 4})
+    assert fair_shares({"a": 30, "b": 30}, {"a": 3.0}, 1.0, 20) == pytest.approx({"a": 15, "b": 5})
+    assert fair_shares({"a": 3, "b": 4}, {}, 1.0, 20) == {"a": 3, "b": 4}
+
+
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0, 1000), min_size=1),
+       st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0.1, 10)), st.floats(0, 3000))
+def test_no_tenant_gets_more_than_it_asks_and_one_below_its_ask_has_the_most_per_weight(asked, weights, budget):
+    shares = fair_shares(asked, weights, 1.0, budget)
+    assert sum(shares.values()) == pytest.approx(min(budget, sum(asked.values())), rel=1e-9, abs=1e-6)
+    for tenant, share in shares.items():
+        assert share <= asked[tenant] + 1e-9
+        if share < asked[tenant] - 1e-6:   # held back: nobody gets more per unit of weight
+            mine = share / weights.get(tenant, 1.0)
+            assert all(s / weights.get(t, 1.0) <= mine + 1e-6 for t, s in shares.items())
+
+
+def test_a_bursting_tenant_is_shed_alone_while_the_pool_has_capacity_for_the_others():
+    """Four tenants at 7 req/s each fit a 40 req/s pool; one bursts to 35: it alone is listed, its own lower
+    classes go first (critical untouched), and the others are not rejected at all (their deferrable work
+    is deferred with everyone's: delay, not loss)."""
+    rates = {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0}
+    fair = steady(rates)
+    unfair = steady(rates, cfg=config_from({"tenant_fairness": False}))
+    assert set(listed(fair)) == {"noisy"}
+    noisy = listed(fair)["noisy"]["admit_fraction"]
+    assert noisy["critical"] == 1.0 and noisy["deferrable"] == 0.0 and noisy["standard"] < 1.0
+    rest = fair.signal["admit_fraction"]
+    assert rest["critical"] == rest["standard"] == rest["sheddable"] == 1.0
+    # the same work is admitted in all, as without fairness: fairness decides whose, not how much
+    total_fair = sum(admitted(fair, t, rates) for t in rates)
+    total_unfair = sum(admitted(unfair, t, rates) for t in rates)
+    assert total_fair == pytest.approx(total_unfair, rel=0.02)
+    assert admitted(fair, "b", rates) > admitted(unfair, "b", rates)
+
+
+def test_with_every_tenant_alike_fairness_changes_nothing():
+    rates = {t: 20.0 for t in "abcd"}
+    fair, unfair = steady(rates), steady(rates, cfg=config_from({"tenant_fairness": False}))
+    assert fair.shed_level > 1 and "tenant_admit_fraction" not in fair.signal
+    assert fair.signal["admit_fraction"] == unfair.signal["admit_fraction"]
+
+
+def test_a_weighted_tenant_is_listed_later_than_an_unweighted_one():
+    rates = {"big": 30.0, "heavy": 30.0, "c": 5.0}
+    decision = steady(rates, cfg=config_from({"tenant_weights": {"heavy": 3}}))
+    assert set(listed(decision)) == {"big"}
+    assert admitted(decision, "heavy", rates) > 2 * admitted(decision, "big", rates)
+
+
+def test_the_other_row_is_never_listed_and_the_list_is_bounded():
+    rates = {f"t{i:02d}": 1.0 for i in range(20)} | {OTHER_TENANTS: 200.0}
+    assert OTHER_TENANTS not in listed(steady(rates))
+    many = {f"t{i:02d}": 10.0 + 3 * i for i in range(24)}
+    crowded = steady(many, cfg=config_from({"fair_share_tolerance": 0.0}), limit=400.0)
+    assert 0 < crowded.shed_level < 3 and 0 < len(listed(crowded)) <= MAX_LISTED
+
+
+def test_a_stale_picture_holds_the_tenant_list_then_lets_it_go():
+    decision = steady({"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
+    assert listed(decision)
+    frozen = loaded(decision.watermark_ms, {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
+    now = decision.watermark_ms
+    held = decide(frozen, decision, CFG, now + int((CFG.stale_after_s + 1) * 1000))
+    assert held.state == "stale"
+    assert {t: e["admit_fraction"] for t, e in listed(held).items()} == {
+        t: e["admit_fraction"] for t, e in listed(decision).items()}
+    later = held
+    for i in range(200):
+        later = decide(frozen, later, CFG, now + int((CFG.stale_after_s + CFG.stale_hold_s + 1) * 1000) + i * TICK)
+    assert not listed(later) and later.shed_level == 0.0
+
+
+@pytest.mark.parametrize("weights", [[1, 2], {"a": 0}, {"a": -1}, {"a": float("inf")}, {"a": True}, {"": 1}])
+def test_bad_tenant_weights_fail_at_start_up(weights):
+    with pytest.raises(ValueError, match="tenant_weights"):
+        config_from({"tenant_weights": weights})
+
+
+def book_with(signal: dict, now_ms: int) -> SignalBook:
+    book = SignalBook(KEYS, clock=lambda: now_ms / 1000)
+    body = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now_ms, **signal}
+    assert book.offer(sign(body, "k1", KEYS["k1"])), book.refused
+    return book
+
+
+def test_the_router_sheds_a_listed_tenant_by_its_own_fractions_and_no_one_else():
+    decision = steady({"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
+    now = decision.signal["issued_at"]
+    decider = Decider(book_with(decision.signal, now), seed=3, clock=lambda: now / 1000)
+    asks = 2000
+
+    def admitted_share(tenant, priority):
+        return sum(decider.decide(Request("p", priority, tenant=tenant)) == ADMIT for _ in range(asks)) / asks
+
+    noisy = listed(decision)["noisy"]["admit_fraction"]
+    assert admitted_share("noisy", "standard") == pytest.approx(noisy["standard"], abs=0.04)
+    assert admitted_share("noisy", "sheddable") == 0.0
+    assert admitted_share("b", "sheddable") == 1.0 and admitted_share(None, "sheddable") == 1.0
+    assert admitted_share("noisy", "critical") == 1.0
+
+
+def test_a_router_from_before_the_tenant_list_follows_a_signal_that_carries_one(monkeypatch):
+    """Expand before contract, tested: a router built before ``tenant_admit_fraction`` existed (it knows the
+    fields below) keeps accepting the new signals and follows the pool's fractions, ignoring the list."""
+    import pipeline.router.signal_book as signal_book
+
+    before = frozenset({"schema_version", "event_id", "event_time", "pool", "seq", "issued_at", "valid_until",
+                        "state", "pressure", "axes", "admit_fraction", "continuing_task_admit_fraction",
+                        "max_predicted_wait_s", "retry_budget", "redirect", "defer", "reasons", "key_id",
+                        "signature"})
+    assert before < signal_book.KNOWN_FIELDS
+    monkeypatch.setattr(signal_book, "KNOWN_FIELDS", before)
+    decision = steady({"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
+    assert listed(decision)
+    now = decision.signal["issued_at"]
+    book = book_with(decision.signal, now)
+    assert "tenant_admit_fraction" not in book.signals["p"] and book.tenants["p"] == {}
+    decider = Decider(book, seed=3, clock=lambda: now / 1000)
+    assert all(decider.decide(Request("p", "sheddable", tenant="noisy")) == ADMIT for _ in range(200))
