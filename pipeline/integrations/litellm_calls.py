@@ -49,7 +49,7 @@ class CallInfo:
 
     def request(self) -> Request:
         return Request(self.pool, self.priority, continuing=self.step > 0, retry=self.attempt > 1,
-                       slo_ttft_s=self.slo_ttft_s)
+                       slo_ttft_s=self.slo_ttft_s, tenant=self.tenant)
 
     def stash(self) -> dict:
         return asdict(self)

@@ -34,6 +34,7 @@ def test_headers_name_priority_task_and_attempt_and_the_key_names_the_tenant():
     assert (call.priority, call.task_id, call.request_id, call.attempt, call.step, call.tenant, call.pool) == (
         "critical", "task-7", "0f8c2a4e-call", 2, 1, "team-a", "chat-8b")
     assert call.request().continuing and call.request().retry and call.final is False
+    assert call.request().tenant == "team-a"   # the key's team: what fair shares between tenants are judged by
 
 
 def test_metadata_works_too_and_defaults_make_a_one_step_standard_task():
