@@ -104,6 +104,10 @@ ADMISSION_STATE = Gauge("sluice_admission_state", "1 for the pool's current admi
                         ["pool", "state"], registry=REGISTRY)
 ADMIT_FRACTION = Gauge("sluice_admit_fraction", "Share of new work admitted, by pool and priority class.",
                        ["pool", "class"], registry=REGISTRY)
+TENANTS_LISTED = Gauge("sluice_pool_tenants_over_share",
+                       "Tenants the pool's signal lists as over their fair share, shed by their own fractions "
+                       "(admission/tenant_shares; the names are in the signal, not in labels: tenant names come "
+                       "from events).", ["pool"], registry=REGISTRY)
 SERVING_CAPACITY = Gauge("sluice_pool_serving_capacity_rps",
                          "Requests/s the admission policy budgets for the pool: the profile's figure, or less while "
                          "a standing queue shows the replicas serve less (admission/policy.serving_capacity).",

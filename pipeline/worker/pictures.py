@@ -193,6 +193,7 @@ def export_signal(signal: Signal, now_s: float) -> None:
         metrics.ADMISSION_STATE.labels(label, state).set(1 if state == decision.state else 0)
     for cls in PRIORITIES:
         metrics.ADMIT_FRACTION.labels(label, cls).set(decision.signal["admit_fraction"][cls])
+    metrics.TENANTS_LISTED.labels(label).set(len(decision.signal.get("tenant_admit_fraction", ())))
     limit = signal.picture["axes"]["demand"]["limit"]
     metrics.SERVING_CAPACITY.labels(label).set(decision.capacity_rps or _number(limit))
 
