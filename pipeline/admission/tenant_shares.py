@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Collection, Mapping, Sequence
 
-from ..load.aggregates import OTHER_TENANTS
+from ..load.aggregates import IDENTIFIER
 
 SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
 MAX_TENANT_LEVEL = 3.0   # deferrable, sheddable and standard shed; critical untouched
@@ -102,7 +102,9 @@ def wanted_levels(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[st
         margin = tolerance + sigmas / math.sqrt(max(1.0, admitted * window_s))   # the count compared is this one
         if name in listed:
             margin /= 2
-        if name == OTHER_TENANTS or admitted <= shares.get(name, 0.0) * (1 + margin):
+        # a name the signal's schema refuses would make routers refuse every signal of the pool: such names
+        # are refused with their partials already; never listed, whatever reaches here
+        if not IDENTIFIER.match(name) or admitted <= shares.get(name, 0.0) * (1 + margin):
             continue
         out[name] = max(pool_level, fit_level(rates, shares[name], max(MAX_TENANT_LEVEL, pool_level)))
     return out

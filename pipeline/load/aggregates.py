@@ -6,6 +6,7 @@ number of partitions and ticks merge in any order to the same result.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ REQUEST_COUNTS = (
     "timeouts",          # attempts the client gave up on before a first token (censored TTFTs)
     "first_token_ttfts", # first_token events that carry a TTFT (the latency axis reads them when there are any)
 )
+# what a pool or tenant name may be (the contract's pattern): a partial or picture naming anything else is
+# refused, or a name no signal may carry would reach the admission signal and make routers refuse it
+IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
 # per tenant: received, admitted, then received per class (a tenant's class mix: fair shares shed its own
@@ -162,7 +166,8 @@ class RequestAgg:
         if not isinstance(value, dict):
             raise ValueError("tenants is not an object")
         for name, pair in value.items():
-            if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME or not isinstance(pair, list)
+            if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME
+                    or not (name == OTHER_TENANTS or IDENTIFIER.match(name)) or not isinstance(pair, list)
                     or len(pair) not in (2, TENANT_COUNTS)
                     or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in pair)):
                 raise ValueError("tenants holds something that is not [received, admitted, received per class] "

@@ -21,14 +21,13 @@ and read back with ``read_picture``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import orjson
 
 from ..events import PRIORITIES
-from .aggregates import REPLICA_SUMS, ReplicaAgg, RequestAgg
+from .aggregates import IDENTIFIER, OTHER_TENANTS, REPLICA_SUMS, ReplicaAgg, RequestAgg
 from .cache_share import cache_share
 from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
@@ -313,7 +312,6 @@ def _sampled_ms(replica: ReplicaAgg) -> int:
 
 MAX_PICTURE_BYTES = 1 << 16  # a picture is a few kB; anything far larger is not one
 MAX_EPOCH_MS = 4102444800000  # 2100-01-01, as in the event schemas
-IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 # detail fields a reader indexes directly (the admission policy, the metrics export)
 DETAIL_READ = {"demand": ("admitted_rps", "first_attempts_rps", "input_tokens_per_s"),
                "queue": ("requests_waiting", "drain_rps", "predicted_wait_s"),
@@ -380,8 +378,8 @@ def _tenants(rows: Any) -> None:
     for row in rows:
         _object(row, "tenants[]")
         tenant = _field(row, "tenant", (str,), "tenants[]")
-        if not 0 < len(tenant) <= 64:
-            raise ValueError("tenants[].tenant must have 1 to 64 characters")
+        if not 0 < len(tenant) <= 64 or not (tenant == OTHER_TENANTS or IDENTIFIER.match(tenant)):
+            raise ValueError("tenants[].tenant must be a tenant name (the contract's) of 1 to 64 characters")
         for name in ("offered_rps", "admitted_rps"):
             _number(_field(row, name, NUMBER, "tenants[]"), f"tenants[].{name}")
         if "offered_rps_by_class" in row:

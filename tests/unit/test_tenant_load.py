@@ -102,3 +102,11 @@ def test_a_picture_whose_tenants_the_policy_could_trip_on_is_refused_by_its_read
     picture = picture_of([attempt(105, "a", "received")]) | {"tenants": rows}
     with pytest.raises(ValueError, match=why):
         read_picture(orjson.dumps(picture))
+
+
+@pytest.mark.parametrize("name", ["a b", "é", "-lead", "a\nb", ""])
+def test_a_partial_naming_a_tenant_no_event_could_name_is_refused(name):
+    """Any worker can write the partials topic: a tenant name outside the contract's pattern would reach the
+    signal's tenant list, which routers validate, and make them refuse every signal of the pool."""
+    with pytest.raises(ValueError):
+        RequestAgg.from_dict({"received": 1, "tenants": {name: [1, 0, 1, 0, 0, 0]}})
