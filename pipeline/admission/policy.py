@@ -128,9 +128,10 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
         raise ValueError("admission_policy: critical_floor in [0, 1], steps positive")
     if cfg.saturated_queue_pressure <= 0 or cfg.capacity_recovery <= 0:
         raise ValueError("admission_policy: saturated_queue_pressure and capacity_recovery must be positive")
-    if not 0 < cfg.default_tenant_weight < 1e9 or cfg.fair_share_tolerance < 0 or cfg.fair_share_sigmas < 0:
+    if not (0 < cfg.default_tenant_weight < 1e9 and 0 <= cfg.fair_share_tolerance < 1e9
+            and 0 <= cfg.fair_share_sigmas < 1e9):   # NaN (TOML allows it) fails every comparison, so it fails here
         raise ValueError("admission_policy: default_tenant_weight in (0, 1e9), fair_share_tolerance and "
-                         "fair_share_sigmas not negative")
+                         "fair_share_sigmas in [0, 1e9)")
     return cfg
 
 
@@ -386,10 +387,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     # fractions from one tick to the next
     rest = min(level, max(rest, previous.rest_level - cfg.level_step_down), previous.rest_level + cfg.level_step_up)
     admit, continuing = _fractions(rest, cfg)
-    # a listed tenant's tasks under way keep the pool's fractions: their earlier steps are work already
-    # paid for (and cached); its new tasks bring it back to its share
-    listed = [{"tenant": tenant, "admit_fraction": _fractions(tenant_level, cfg)[0],
-               "continuing_task_admit_fraction": continuing}
+    # a listed tenant's tasks under way are shed continuing_credit levels after its new ones, as everyone's
+    # are after the pool's level: giving them the rest's fractions instead let a tenant whose work is mostly
+    # later steps of long tasks keep more than its share (and more than without fairness)
+    listed = [{"tenant": tenant, **dict(zip(("admit_fraction", "continuing_task_admit_fraction"),
+                                            _fractions(tenant_level, cfg)))}
               for tenant, tenant_level in sorted(tenants.items()) if tenant_level > rest]
 
     queue = picture["axes"]["queue"]["detail"]

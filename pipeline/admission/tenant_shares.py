@@ -60,15 +60,27 @@ def fair_shares(offered: Mapping[str, float], weights: Mapping[str, float], defa
     return shares
 
 
-def _class_rates(row: Mapping[str, Any], pool_offered: Mapping[str, float]) -> list[float]:
-    """A tenant's offered attempts/s per class (SHED_ORDER); the pool's class mix when the picture has no
-    per-class counts for it (partials from older workers)."""
-    by_class = row.get("offered_rps_by_class")
-    if by_class:
-        return [float(by_class[c]) for c in SHED_ORDER]
+def tenant_rates(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str, float]) -> dict[str, list[float]]:
+    """Each tenant row's offered attempts/s per class (SHED_ORDER), scaled per class so that the rows never
+    add up to more than the pool offers: the rows come from partials any worker can write, and phantom
+    rows beyond the pool's own counts would shrink every real tenant's share. A row without per-class
+    counts (partials from older workers) takes the pool's class mix."""
     total = sum(pool_offered.values())
-    share = float(row["offered_rps"]) / total if total else 0.0
-    return [float(pool_offered.get(c, 0.0)) * share for c in SHED_ORDER]
+    out = {}
+    for row in tenants:
+        by_class = row.get("offered_rps_by_class")
+        if by_class:
+            out[row["tenant"]] = [float(by_class[c]) for c in SHED_ORDER]
+        else:
+            share = float(row["offered_rps"]) / total if total else 0.0
+            out[row["tenant"]] = [float(pool_offered.get(c, 0.0)) * share for c in SHED_ORDER]
+    for i, name in enumerate(SHED_ORDER):
+        claimed = sum(rates[i] for rates in out.values())
+        if claimed > pool_offered.get(name, 0.0):
+            scale = pool_offered.get(name, 0.0) / claimed
+            for rates in out.values():
+                rates[i] *= scale
+    return out
 
 
 def admitted_at(rates: Sequence[float], level: float) -> float:
@@ -92,12 +104,11 @@ def wanted_levels(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[st
         return {}
     budget = admitted_at([pool_offered[c] for c in SHED_ORDER], pool_level)
     floor = shared_level(pool_level)
-    asked = {row["tenant"]: admitted_at(_class_rates(row, pool_offered), floor) for row in tenants}
+    by_tenant = tenant_rates(tenants, pool_offered)
+    asked = {name: admitted_at(rates, floor) for name, rates in by_tenant.items()}
     shares = fair_shares(asked, weights, default_weight, budget)
     out = {}
-    for row in tenants:
-        name = row["tenant"]
-        rates = _class_rates(row, pool_offered)
+    for name, rates in by_tenant.items():
         admitted = admitted_at(rates, pool_level)
         margin = tolerance + sigmas / math.sqrt(max(1.0, admitted * window_s))   # the count compared is this one
         if name in listed:
@@ -122,15 +133,16 @@ def level_for_the_rest(tenants: Sequence[Mapping[str, Any]], pool_offered: Mappi
                        levels: Mapping[str, float], top: float) -> float:
     """The shed level for every tenant not listed: what the listed tenants' own levels shed beyond the
     pool's level is given back to the rest (never a level above the pool's)."""
-    listed = [row for row in tenants if levels.get(row["tenant"], 0.0) > pool_level]
+    by_tenant = tenant_rates(tenants, pool_offered)
+    listed = [name for name in by_tenant if levels.get(name, 0.0) > pool_level]
     if not listed:
         return pool_level
     floor = shared_level(pool_level)
     pool_rates = [pool_offered[c] for c in SHED_ORDER]
     budget = admitted_at(pool_rates, pool_level)
     rest = list(pool_rates)
-    for row in listed:
-        rates = _class_rates(row, pool_offered)
-        budget -= admitted_at(rates, levels[row["tenant"]])
+    for name in listed:
+        rates = by_tenant[name]
+        budget -= admitted_at(rates, levels[name])
         rest = [r - t for r, t in zip(rest, rates)]
     return min(pool_level, max(floor, fit_level([max(0.0, r) for r in rest], max(0.0, budget), top)))

@@ -156,24 +156,29 @@ class RequestAgg:
         for name, sketch in self.sketches.items():
             out["q_" + name] = sketch.to_dict()
         if self.tenants:
-            out["tenants"] = self.tenants
+            # two keys, so that a worker from before the per-class counts (which reads "tenants" as
+            # [received, admitted] and ignores keys it does not know) keeps reading these partials while
+            # workers are rolled one at a time, and a rolled-back one reads the stored ones
+            out["tenants"] = {name: c[:2] for name, c in self.tenants.items()}
+            classes = {name: c[2:] for name, c in self.tenants.items() if any(c[2:])}
+            if classes:
+                out["tenant_classes"] = classes
         return out
 
-    def _read_tenants(self, value: Any) -> None:
-        """Per-tenant counts from a partial (any worker can write the partials topic): names mapped to
-        TENANT_COUNTS non-negative integers (or two, from workers before the per-class counts), at most
-        MAX_TENANTS by name; anything else refuses the partial."""
+    def _read_tenants(self, value: Any, key: str, start: int, width: int) -> None:
+        """Per-tenant counts from a partial (any worker can write the partials topic): tenant names (the
+        contract's pattern, or OTHER_TENANTS) mapped to ``width`` non-negative integers, added from position
+        ``start`` of the tenant's counts; at most MAX_TENANTS names; anything else refuses the partial."""
         if not isinstance(value, dict):
-            raise ValueError("tenants is not an object")
+            raise ValueError(f"{key} is not an object")
         for name, pair in value.items():
             if (not isinstance(name, str) or len(name) > MAX_TENANT_NAME
                     or not (name == OTHER_TENANTS or IDENTIFIER.match(name)) or not isinstance(pair, list)
-                    or len(pair) not in (2, TENANT_COUNTS)
+                    or len(pair) != width
                     or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 53 for n in pair)):
-                raise ValueError("tenants holds something that is not [received, admitted, received per class] "
-                                 "per tenant name")
+                raise ValueError(f"{key} holds something that is not {width} counts per tenant name")
             counts = self._tenant(name)
-            for i, n in enumerate(pair):
+            for i, n in enumerate(pair, start=start):
                 counts[i] += n
 
     @classmethod
@@ -183,7 +188,9 @@ class RequestAgg:
             if key.startswith("q_"):
                 agg.sketches[key[2:]] = QuantileSketch.from_dict(value)
             elif key == "tenants":
-                agg._read_tenants(value)
+                agg._read_tenants(value, key, 0, 2)
+            elif key == "tenant_classes":
+                agg._read_tenants(value, key, 2, len(PRIORITIES))
             elif key in agg.counts:
                 agg.counts[key] = value
         return agg

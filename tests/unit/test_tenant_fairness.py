@@ -168,3 +168,34 @@ def test_a_router_from_before_the_tenant_list_follows_a_signal_that_carries_one(
     assert "tenant_admit_fraction" not in book.signals["p"] and book.tenants["p"] == {}
     decider = Decider(book, seed=3, clock=lambda: now / 1000)
     assert all(decider.decide(Request("p", "sheddable", tenant="noisy")) == ADMIT for _ in range(200))
+
+
+def test_phantom_tenant_rows_beyond_the_pools_own_counts_do_not_shrink_the_real_tenants_shares():
+    """Rows come from partials any worker can write: a row claiming 200 req/s the pool's own counts do not
+    have is scaled down with the rest to what the pool offers, so the real tenants keep their shares."""
+    rates = {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0}
+    decision, forged = Decision("p"), Decision("p")
+    for i in range(1, 41):
+        now = i * TICK
+        decision = decide(loaded(now, rates), decision, CFG, now)
+        p = loaded(now, rates)
+        p["tenants"].append({"tenant": "ghost", "offered_rps": 200.0, "admitted_rps": 0.0,
+                             "offered_rps_by_class": {c: 200.0 * MIX[c] for c in SHED_ORDER}})
+        forged = decide(p, forged, CFG, now)
+    assert forged.shed_level == decision.shed_level
+    assert admitted(forged, "b", rates) >= 0.7 * admitted(decision, "b", rates)
+
+
+def test_a_listed_tenants_tasks_under_way_are_shed_after_its_new_ones_not_at_the_rests_fractions():
+    decision = steady({"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
+    entry = listed(decision)["noisy"]
+    for c in SHED_ORDER:
+        assert entry["admit_fraction"][c] <= entry["continuing_task_admit_fraction"][c]
+        assert entry["continuing_task_admit_fraction"][c] <= decision.signal["continuing_task_admit_fraction"][c]
+    assert entry["continuing_task_admit_fraction"] != decision.signal["continuing_task_admit_fraction"]
+
+
+@pytest.mark.parametrize("knob", ["fair_share_tolerance", "fair_share_sigmas", "default_tenant_weight"])
+def test_a_nan_fairness_knob_fails_at_start_up(knob):
+    with pytest.raises(ValueError):
+        config_from({knob: float("nan")})

@@ -78,14 +78,26 @@ def test_a_tenants_offered_work_is_counted_per_class_and_partials_of_older_worke
     assert by_class["standard"] == pytest.approx(2 * by_class["critical"]) and by_class["sheddable"] == 0.0
     assert sum(by_class.values()) == pytest.approx(row["offered_rps"])
     old = RequestAgg.from_dict({"received": 3, "tenants": {"a": [3, 1]}})
-    old.merge_counts(RequestAgg.from_dict({"received": 1, "tenants": {"a": [1, 1, 0, 1, 0, 0]}}))
+    new = RequestAgg.from_dict({"received": 1, "tenants": {"a": [1, 1]}, "tenant_classes": {"a": [0, 1, 0, 0]}})
+    old.merge_counts(new)
     assert old.tenants["a"] == [4, 2, 0, 1, 0, 0]
 
 
-@pytest.mark.parametrize("hostile", [{"a": [1, 2, 3]}, {"a": [1, 1, 0, 0, 0, 0, 0]}, {"a": [1, 1, 0, -1, 0, 0]}])
+def test_a_worker_from_before_the_per_class_counts_still_reads_the_partials():
+    """Workers are rolled one at a time: the per-class counts travel under a key an older worker ignores, and
+    ``tenants`` keeps the [received, admitted] shape it validates."""
+    agg = RequestAgg()
+    agg.fold(attempt(100, "a", "received"))
+    wire = agg.to_dict()
+    assert wire["tenants"] == {"a": [1, 0]} and sum(wire["tenant_classes"]["a"]) == 1
+    older = {k: v for k, v in wire.items() if k != "tenant_classes"}   # what a session-7 worker reads
+    assert RequestAgg.from_dict(older).tenants["a"][:2] == [1, 0]
+
+
+@pytest.mark.parametrize("hostile", [{"a": [1, 2, 3]}, {"a": [0, 0, 0, 0, 0]}, {"a": [0, -1, 0, 0]}, [1, 2, 3, 4]])
 def test_per_class_tenant_counts_of_the_wrong_shape_refuse_the_partial(hostile):
     with pytest.raises(ValueError):
-        RequestAgg.from_dict({"received": 1, "tenants": hostile})
+        RequestAgg.from_dict({"received": 1, "tenant_classes": hostile})
 
 
 @pytest.mark.parametrize("rows,why", [
@@ -109,4 +121,4 @@ def test_a_partial_naming_a_tenant_no_event_could_name_is_refused(name):
     """Any worker can write the partials topic: a tenant name outside the contract's pattern would reach the
     signal's tenant list, which routers validate, and make them refuse every signal of the pool."""
     with pytest.raises(ValueError):
-        RequestAgg.from_dict({"received": 1, "tenants": {name: [1, 0, 1, 0, 0, 0]}})
+        RequestAgg.from_dict({"received": 1, "tenants": {name: [1, 0]}})
