@@ -53,7 +53,8 @@ from typing import Any, Mapping, Sequence
 
 from ..events import PRIORITIES
 from ..load.picture import pressure
-from .tenant_shares import MAX_LISTED, SHED_ORDER, fit_level, level_for_the_rest, wanted_levels
+from .tenant_shares import (MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest, tenant_rates,
+                            wanted_levels)
 
 STATES = ("ok", "pressured", "overloaded", "critical")
 
@@ -173,7 +174,7 @@ class Decision:
 def class_fractions(level: float, floor: float) -> dict[str, float]:
     out = {}
     for i, name in enumerate(SHED_ORDER):
-        out[name] = round(min(1.0, max(0.0, 1.0 - (level - i))), 6)
+        out[name] = round(class_share(level, i), 6)
     out["critical"] = max(out["critical"], floor)
     return out
 
@@ -277,18 +278,11 @@ def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacit
                      len(SHED_ORDER) - cfg.critical_floor)
 
 
-def tenant_levels(picture: Mapping[str, Any], previous: Mapping[str, float], level: float,
-                  cfg: AdmissionConfig, hold: bool = False) -> dict[str, float]:
-    """Each listed tenant's shed level this tick: toward what its fair share needs, in the pool level's
-    bounded steps and deadband (a share that moves with every picture's noise would saw the tenant's
-    fractions); held as they are with ``hold`` (a stale picture, fail-static), at most MAX_LISTED."""
-    if hold:
-        return dict(previous)
-    wanted = {}
-    if cfg.tenant_fairness:
-        wanted = wanted_levels(picture.get("tenants") or (), offered_by_class(picture), level,
-                               dict(cfg.tenant_weights), cfg.default_tenant_weight, cfg.fair_share_tolerance,
-                               cfg.fair_share_sigmas, _fast_window_s(picture), listed=previous)
+def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], level: float,
+                  cfg: AdmissionConfig) -> dict[str, float]:
+    """Each listed tenant's shed level this tick: toward what its fair share needs (``wanted``), in the pool
+    level's bounded steps and deadband (a share that moves with every picture's noise would saw the
+    tenant's fractions), at most MAX_LISTED."""
     out = {}
     for tenant in set(wanted) | set(previous):
         # a tenant's level is never below the pool's: it moves from there, not from zero
@@ -342,8 +336,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         if now_ms - stale_since > cfg.stale_hold_s * 1000:
             level = max(0.0, level - cfg.step_down)
         trim = level
-        tenants = tenant_levels(picture, dict(previous.tenant_levels), level, replace(cfg, tenant_fairness=False),
-                                hold=now_ms - stale_since <= cfg.stale_hold_s * 1000)
+        # held with the level (fail-static), then let go in the same steps (fail-open)
+        tenants = (dict(previous.tenant_levels) if now_ms - stale_since <= cfg.stale_hold_s * 1000
+                   else tenant_levels({}, dict(previous.tenant_levels), level, cfg))
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
@@ -379,10 +374,14 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     direction = previous.direction
     if level != previous.shed_level:
         direction = 1 if level > previous.shed_level else -1
+    offered = offered_by_class(picture)
+    by_tenant = tenant_rates(picture.get("tenants") or (), offered)
     if not stale:
-        tenants = tenant_levels(picture, dict(previous.tenant_levels), level, cfg)
-    rest = level_for_the_rest(picture.get("tenants") or (), offered_by_class(picture), level, tenants,
-                              len(SHED_ORDER) - cfg.critical_floor)
+        wanted = wanted_levels(by_tenant, offered, level, dict(cfg.tenant_weights), cfg.default_tenant_weight,
+                               cfg.fair_share_tolerance, cfg.fair_share_sigmas, _fast_window_s(picture),
+                               listed=dict(previous.tenant_levels)) if cfg.tenant_fairness else {}
+        tenants = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg)
+    rest = level_for_the_rest(by_tenant, offered, level, tenants, len(SHED_ORDER) - cfg.critical_floor)
     # in the pool level's bounded steps too: a tenant listed or dropped must not swing everyone else's
     # fractions from one tick to the next
     rest = min(level, max(rest, previous.rest_level - cfg.level_step_down), previous.rest_level + cfg.level_step_up)

@@ -83,12 +83,18 @@ def tenant_rates(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str
     return out
 
 
+def class_share(level: float, i: int) -> float:
+    """What a shed level admits of class ``i`` of SHED_ORDER (critical floor aside): a class starts shedding
+    once every class before it admits nothing."""
+    return min(1.0, max(0.0, 1.0 - (level - i)))
+
+
 def admitted_at(rates: Sequence[float], level: float) -> float:
     """Attempts/s a shed level admits of ``rates`` (per class, SHED_ORDER), critical floor aside."""
-    return sum(rate * min(1.0, max(0.0, 1.0 - (level - i))) for i, rate in enumerate(rates))
+    return sum(rate * class_share(level, i) for i, rate in enumerate(rates))
 
 
-def wanted_levels(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str, float], pool_level: float,
+def wanted_levels(by_tenant: Mapping[str, Sequence[float]], pool_offered: Mapping[str, float], pool_level: float,
                   weights: Mapping[str, float], default_weight: float, tolerance: float, sigmas: float,
                   window_s: float, listed: Collection[str] = ()) -> dict[str, float]:
     """Tenant shed levels that bring each tenant that the pool's level would admit more than its fair
@@ -104,7 +110,6 @@ def wanted_levels(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[st
         return {}
     budget = admitted_at([pool_offered[c] for c in SHED_ORDER], pool_level)
     floor = shared_level(pool_level)
-    by_tenant = tenant_rates(tenants, pool_offered)
     asked = {name: admitted_at(rates, floor) for name, rates in by_tenant.items()}
     shares = fair_shares(asked, weights, default_weight, budget)
     out = {}
@@ -129,11 +134,10 @@ def shared_level(pool_level: float) -> float:
     return min(pool_level, 1.0)
 
 
-def level_for_the_rest(tenants: Sequence[Mapping[str, Any]], pool_offered: Mapping[str, float], pool_level: float,
+def level_for_the_rest(by_tenant: Mapping[str, Sequence[float]], pool_offered: Mapping[str, float], pool_level: float,
                        levels: Mapping[str, float], top: float) -> float:
     """The shed level for every tenant not listed: what the listed tenants' own levels shed beyond the
     pool's level is given back to the rest (never a level above the pool's)."""
-    by_tenant = tenant_rates(tenants, pool_offered)
     listed = [name for name in by_tenant if levels.get(name, 0.0) > pool_level]
     if not listed:
         return pool_level

@@ -280,12 +280,11 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
             row["seed"] = fleet.seed
             if scenario.burst_tenant is not None:
                 row |= tenant_figures(sim.stats, scenario.burst_tenant)
+                if label == "sluice":   # what the other tenants get from Sluice without the burst
+                    calm, _ = run_scenario(replace(scenario, burst_factor=None),
+                                           controllers(tuned, fleet.seed)["sluice"](), fleet, capacity)
+                    row["attain_others_no_burst"] = tenant_figures(calm.stats, scenario.burst_tenant)["attain_others"]
             rows.append(row)
-        if scenario.burst_tenant is not None:   # what the other tenants get from Sluice without the burst
-            calm, _ = run_scenario(replace(scenario, burst_factor=None), SluiceInProcess(tuned, POOL, START_MS,
-                                                                                         fleet.seed), fleet, capacity)
-            rows[-len(runs) + list(runs).index("sluice")]["attain_others_no_burst"] = tenant_figures(
-                calm.stats, scenario.burst_tenant)["attain_others"]
         if charts is not None:
             charts.mkdir(parents=True, exist_ok=True)
             draw(charts / f"{name}.png", f"{name}: {scenario.description}",
