@@ -228,6 +228,20 @@ def test_events_from_the_future_are_dead_lettered_and_a_shedding_pool_keeps_shed
 
 # 2 -----------------------------------------------------------------------------------------------------------
 
+def badly_named_tenant_partial(requests_topic: str) -> bytes:
+    """A current, well-formed partial of the pool whose tenant counts name a tenant no event could name: merged,
+    the name would reach the signal's tenant list, which routers validate, and they would refuse every signal
+    of the pool. Stage 2 must refuse the partial instead."""
+    builder = PartialBuilder(f"{requests_topic}/0", 15)
+    builder.fold_request(RequestEvent(**request_event(pool=POOL, event_time=now_ms())))
+    (partial,) = builder.drain("badly-named-tenant")
+    doc = orjson.loads(partial.to_bytes())
+    (second,) = doc["requests"].values()
+    second |= {"received": 500, "received_standard": 500, "tenants": {"bad name!": [500, 0]},
+               "tenant_classes": {"bad name!": [0, 500, 0, 0]}}
+    return orjson.dumps(doc)
+
+
 GARBAGE = [b"\x00\xff\xfe\x80 not even UTF-8", b"not json", b"", b"[]", b"null", b'"a string"', b"1e999",
            b"{" * 10_000,  # nested past any parser's depth
            b'{"schema_version": "1", "event_id": 7, "event_time": "now", "pool": ["hot"], "replica_id": null}',
@@ -238,7 +252,8 @@ GARBAGE = [b"\x00\xff\xfe\x80 not even UTF-8", b"not json", b"", b"[]", b"null",
 def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(loop_settings, worker_factory):
     """Bytes that are no event, no partial, no picture and no signal — empty, wrong types, nested 10,000
     deep, 2 MB where the topic takes it (the raw topics; 1 MB on the 1 MiB ones), tombstones and null
-    keys, plus a well-formed partial from 2100 on the partials topic — on requests, replicas, partials,
+    keys, plus a well-formed partial from 2100 and one naming a tenant no event could (which, merged, would
+    make routers refuse every signal of the pool) on the partials topic — on requests, replicas, partials,
     load and admission, keyed like the overloaded pool. The worker stays up and healthy, every raw and
     admission record is dead-lettered, and the pool's signals go on, fresh and shedding."""
     s = loop_settings
@@ -263,7 +278,7 @@ def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(lo
             for spec, name in names.items():
                 values = [*GARBAGE, None]
                 if spec is topics.PARTIALS:
-                    values.append(future_partial.to_bytes())
+                    values += [future_partial.to_bytes(), badly_named_tenant_partial(names[topics.REQUESTS])]
                 for value in values:
                     md = await loop.send(name, value, keys[spec])
                     assert not isinstance(md, Exception), (name, value[:40] if value else value, md)
@@ -307,7 +322,8 @@ def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(lo
     skipped_partials = log.count("ignored a partial that does not parse or merge")
     skipped_pictures = log.count(f"skipped a record of {names[topics.LOAD]}")
     worker.stop()
-    assert skipped_partials == len(sent_partials) - 1, "stage 2 skipped each garbage partial (and refused 2100's)"
+    assert skipped_partials == len(sent_partials) - 1, \
+        "stage 2 skipped each garbage partial and the badly named tenant's (and refused 2100's)"
     assert skipped_pictures == sum(v is not None for v in sent_load), "the fleet view skipped each non-picture"
 
     letters = dead_letter_rows(s)
