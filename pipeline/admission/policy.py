@@ -38,7 +38,10 @@ tick, and turns back (shed less after shedding more, or the reverse) only by
 more than ``reversal_deadband``: the proportional part passes a picture's
 noise straight through, and a level that saws by a few hundredths every tick
 admits, sheds and admits the same work again (docs/admission-signal.md,
-flapping). Tasks already under way shed ``continuing_credit`` levels later.
+flapping). Tasks already under way shed ``continuing_credit`` levels later;
+a later step the router sends back to the replica holding its context (a
+*warm* step) up to ``warm_credit`` levels later still, in proportion to what
+the cache saves on the pool's binding resource (``cache_relief``).
 
 A **stale** picture (no new event for ``stale_after_s``) keeps the last
 decision for ``stale_hold_s`` (fail-static), then relaxes L toward zero in
@@ -82,6 +85,12 @@ class AdmissionConfig:
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
+    # Affinity (the share lever): a warm step's prompt is mostly cached, so it costs the pool a fraction of
+    # a cold one in prefill compute, and shedding it throws its task's earlier steps away. It is shed this
+    # many levels after other continuing steps when the cache relieves the pool's binding resource fully
+    # (cache_relief: the pool's cached prompt share, times how far compute rather than KV memory binds —
+    # a cached context still holds its KV blocks)
+    warm_credit: float = 1.0
     # fair shares between tenants (tenant_shares): a tenant offering more than its weighted share of the
     # pool's budget sheds its own lower classes first, so the others are not shed for its burst
     tenant_fairness: bool = True
@@ -129,6 +138,8 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
         raise ValueError("admission_policy: critical_floor in [0, 1], steps positive")
     if cfg.saturated_queue_pressure <= 0 or cfg.capacity_recovery <= 0:
         raise ValueError("admission_policy: saturated_queue_pressure and capacity_recovery must be positive")
+    if not (0 <= cfg.continuing_credit <= 4 and 0 <= cfg.warm_credit <= 4):
+        raise ValueError("admission_policy: continuing_credit and warm_credit in [0, 4] (levels)")
     if not (0 < cfg.default_tenant_weight < 1e9 and 0 <= cfg.fair_share_tolerance < 1e9
             and 0 <= cfg.fair_share_sigmas < 1e9):   # NaN (TOML allows it) fails every comparison, so it fails here
         raise ValueError("admission_policy: default_tenant_weight in (0, 1e9), fair_share_tolerance and "
@@ -168,6 +179,7 @@ class Decision:
     capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
+    warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -386,6 +398,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     # fractions from one tick to the next
     rest = min(level, max(rest, previous.rest_level - cfg.level_step_down), previous.rest_level + cfg.level_step_up)
     admit, continuing = _fractions(rest, cfg)
+    relief, reading = previous.warm_relief, cache_relief(picture)
+    if not stale and reading is not None and abs(reading - relief) > RELIEF_DEADBAND:
+        relief = round(min(max(reading, relief - RELIEF_STEP), relief + RELIEF_STEP), 3)
+    warm = _warm_fractions(rest, relief, continuing, cfg)
     # a listed tenant's tasks under way are shed continuing_credit levels after its new ones, as everyone's
     # are after the pool's level: giving them the rest's fractions instead let a tenant whose work is mostly
     # later steps of long tasks keep more than its share (and more than without fairness)
@@ -428,6 +444,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         "defer": {"classes": deferred, "retry_after_s": round(defer_after, 3)},
         "reasons": reasons[:32],
     }
+    if warm != continuing:   # absent when no warm step would be admitted more than other continuing ones
+        signal["warm_task_admit_fraction"] = warm
     if listed:   # absent when empty: routers that predate it see the signal they know
         signal["tenant_admit_fraction"] = listed
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
@@ -435,7 +453,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
                     capacity_rps=round(capacity, 6), capacity_measured=measured,
-                    tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), signal=signal)
+                    tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), warm_relief=relief,
+                    signal=signal)
 
 
 def _fast_window_s(picture: Mapping[str, Any]) -> float:
@@ -448,8 +467,59 @@ def _fast_window_s(picture: Mapping[str, Any]) -> float:
 def _fractions(level: float, cfg: AdmissionConfig) -> tuple[dict[str, float], dict[str, float]]:
     """Admit fractions for new work and for tasks under way (``continuing_credit`` levels later)."""
     admit = class_fractions(level, cfg.critical_floor)
-    continuing = class_fractions(max(0.0, level - cfg.continuing_credit), cfg.critical_floor)
-    return admit, {c: max(continuing[c], admit[c]) for c in PRIORITIES}
+    return admit, _credited(level, cfg.continuing_credit, admit, cfg)
+
+
+def _credited(level: float, credit: float, floor: Mapping[str, float], cfg: AdmissionConfig) -> dict[str, float]:
+    """Fractions ``credit`` levels after ``level``, never below ``floor``'s."""
+    credited = class_fractions(max(0.0, level - credit), cfg.critical_floor)
+    return {c: max(credited[c], floor[c]) for c in PRIORITIES}
+
+
+def cached_share(picture: Mapping[str, Any]) -> float | None:
+    """The share of the pool's prompt tokens its caches served: the requests' own figure, else the replicas'
+    prefix hit rate; None when neither was measured as a share."""
+    cache = picture.get("cache")
+    if not isinstance(cache, Mapping):   # a picture from before the cache readings (or a broken one)
+        return None
+    for name in ("cached_input_share", "prefix_hit_rate"):
+        share = cache.get(name)
+        if type(share) in (int, float) and 0 <= share <= 1:
+            return float(share)
+    return None
+
+
+def cache_relief(picture: Mapping[str, Any]) -> float | None:
+    """How much of a warm step's cost the pool's caches take away, in [0, 1] (None: not measured in this
+    picture's window): the share of prompt tokens the engines served from cache (``cached_share``), times
+    how far compute binds rather than KV memory — a cached context saves its prefill, not the KV blocks it
+    holds, so where KV binds first (long contexts) a warm step is hardly cheaper than a cold one."""
+    share = cached_share(picture)
+    if share is None:
+        return None
+    axes = picture["axes"]
+    compute, kv = axes["compute"]["pressure"], axes["kv_cache"]["pressure"]
+    binding = 1.0 if compute >= kv else (compute / kv if kv > 0 else 0.0)
+    return round(share * binding, 3)
+
+
+# The relief moves with every picture's token counts; warm fractions that followed each wobble would change
+# every tick (a signal per tick and admit-fraction reversals). It is taken up only when it moved this much,
+# in steps of at most RELIEF_STEP a tick (warm fractions move no faster than the level's steps down), and
+# held while a window measured no share at all (a quiet window, a picture from an older worker).
+RELIEF_DEADBAND = 0.1
+RELIEF_STEP = 0.1
+
+
+def _warm_fractions(level: float, relief: float, continuing: Mapping[str, float],
+                    cfg: AdmissionConfig) -> dict[str, float]:
+    """Fractions for warm steps: ``warm_credit`` × ``relief`` levels after other continuing steps, no further
+    than critical's line (the level at which critical's new work starts being shed)."""
+    extra = min(cfg.warm_credit * relief, max(0.0, CRITICAL_LINE - level))
+    return _credited(level, cfg.continuing_credit + extra, continuing, cfg)
+
+
+CRITICAL_LINE = float(len(SHED_ORDER) - 1)
 
 
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can
@@ -465,7 +535,8 @@ def changed(a: Decision, b: Decision) -> bool:
     if not a.signal:
         return True
     keys = ("state", "admit_fraction", "continuing_task_admit_fraction", "redirect", "defer")
-    if any(a.signal[k] != b.signal[k] for k in keys) or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
+    if any(a.signal[k] != b.signal[k] for k in keys) or a.signal.get("warm_task_admit_fraction") != b.signal.get(
+            "warm_task_admit_fraction") or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
         return True
     if a.signal.get("tenant_admit_fraction") != b.signal.get("tenant_admit_fraction"):
         return True

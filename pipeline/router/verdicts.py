@@ -15,6 +15,7 @@ class Request:
     slo_ttft_s: float | None = None
     after_shed: bool = False   # this retry follows a rejection by admission, honouring its retry-after
     tenant: str | None = None  # whose work it is: a tenant over its fair share is shed by its own fractions
+    warm: bool = False         # a continuing step sent back to the replica that holds its context (affinity)
 
 
 @dataclass(frozen=True)

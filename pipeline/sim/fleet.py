@@ -272,7 +272,7 @@ class FleetSim:
         retry = task.attempt > 0
         request = Request(task.pool, task.priority, continuing=task.step > 0, retry=retry,
                           slo_ttft_s=self.client.slo(task.priority), after_shed=retry and task.last_shed,
-                          tenant=task.tenant)
+                          tenant=task.tenant, warm=self._has_warm_replica(task))
         verdict = self.controller.verdict(request, self.now)
         self.stats.decisions += 1
         if isinstance(verdict, Reject):
@@ -335,6 +335,12 @@ class FleetSim:
         work counts as a failure), and never past the contract's 100 attempts."""
         tries = task.attempt if self.client.shed_retries is None else task.attempt - task.shed
         return tries >= self.client.max_attempts or task.attempt >= 100
+
+    def _has_warm_replica(self, task: Task) -> bool:
+        """What a router with session affinity knows: this later step goes back to the replica that ran the
+        previous one, which is alive and holds its context."""
+        r = task.replica
+        return task.step > 0 and r is not None and r.alive and self.pool_of[r.id] == task.pool
 
     def _warm(self, task: Task, replica: Replica) -> int:
         """Prefix-cache hit: the previous step's context, if it ran on this replica."""

@@ -17,6 +17,7 @@ ATTAINMENT = 0.99
 FAIRNESS_POINTS = 0.01     # the other tenants' attainment may fall this much below their run without the burst
 BURST_SHED_SHARE = 0.9     # the bursting tenant's least share of the refusals
 UNFAIR = "sluice without fairness"   # the controller row the fairness goals compare with
+NO_AFFINITY = "sluice without affinity"   # the row that shows what the warm steps' credit buys (no goal)
 CLASSES = ("critical", "standard", "sheddable", "deferrable")
 
 
@@ -49,6 +50,12 @@ def check(rows: Iterable[dict]) -> list[dict]:
             failed.append(f"critical {sluice['attain_critical']:.4f} < {ATTAINMENT}")
         fairness = _fairness(sluice, by.get(UNFAIR))
         failed += fairness.pop("failed")
+        plain = by.get(NO_AFFINITY)
+        if plain is not None:
+            fairness["vs_no_affinity"] = round(sluice["slo_goodput"] / plain["slo_goodput"], 3) if plain[
+                "slo_goodput"] else None
+            fairness["cost_vs_no_affinity"] = (round(cost / plain["usd_per_1k_slo_tasks"], 3)
+                                               if cost is not None and plain["usd_per_1k_slo_tasks"] else None)
         out.append({"scenario": scenario, "seed": seed, "vs_none": round(vs_none, 2), "vs_fixed": round(vs_fixed, 3),
                     "critical": sluice["attain_critical"], "fixed_critical": fixed["attain_critical"],
                     "cost_vs_none": round(cost_ratio, 3) if cost_ratio is not None else None,

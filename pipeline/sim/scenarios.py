@@ -24,7 +24,7 @@ from ..cost import price_table
 from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, rotated, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess
-from .goals import UNFAIR
+from .goals import NO_AFFINITY, UNFAIR
 from .fleet import ClientPolicy, FleetEvent, FleetSim, Sibling
 from .chart import MISSING, ChartsUnavailable, Incident, Panel, available, render
 from .outcome import Outcome, summarise, tenant_figures, timeline
@@ -105,6 +105,9 @@ SCENARIOS = {s.name: s for s in (
              "clients honouring Retry-After", 0.9, lose_fraction=0.3, back_at_s=240.0, client=POLITE_CLIENT,
              traffic=PROMPT_HEAVY),
 )}
+# where warm later steps make up much of the work (long or cached prompts, replicas lost and back cold):
+# also run without the affinity credit, to show what it buys
+AFFINITY = ("long-context", "prompt-heavy-spike", "prompt-heavy-loss")
 # where the controller must pay for itself
 CONTROLLED = ("spike", "replica-loss", "retry-storm", "retry-after", "retry-after-jitter", "two-pools",
               "prompt-heavy-spike", "noisy-neighbour", "prompt-heavy-loss")
@@ -211,13 +214,16 @@ def schedule_for(scenario: Scenario, capacity: Capacity) -> RateSchedule:
     return RateSchedule(((0.0, base), (scenario.spike_from_s, spike), (scenario.spike_to_s, base)))
 
 
-def controllers(settings: Settings, seed: int, tenants: bool = False) -> dict[str, Callable[[], object]]:
-    """The controllers compared; with ``tenants``, Sluice without its fair shares between tenants too."""
+def controllers(settings: Settings, seed: int, tenants: bool = False,
+                affinity: bool = False) -> dict[str, Callable[[], object]]:
+    """The controllers compared; with ``tenants``, Sluice without its fair shares between tenants too; with
+    ``affinity``, Sluice without the credit for warm steps."""
     out = {"no control": NoControl, "fixed threshold": FixedThreshold,
            "sluice": lambda: SluiceInProcess(settings, POOL, START_MS, seed)}
-    if tenants:
-        unfair = replace(settings, admission_policy={**settings.admission_policy, "tenant_fairness": False})
-        out[UNFAIR] = lambda: SluiceInProcess(unfair, POOL, START_MS, seed)
+    for wanted, label, knob in ((tenants, UNFAIR, {"tenant_fairness": False}), (affinity, NO_AFFINITY, {"warm_credit": 0})):
+        if wanted:
+            without = replace(settings, admission_policy={**settings.admission_policy, **knob})
+            out[label] = lambda without=without: SluiceInProcess(without, POOL, START_MS, seed)
     return out
 
 
@@ -252,7 +258,8 @@ def reference_capacity(scenario: Scenario, fleet: Fleet) -> Capacity:
 def run_controllers(scenario: Scenario, fleet: Fleet, capacity: Capacity, settings: Settings) -> dict[str, tuple]:
     """One scenario under every controller: label → (simulator, outcome)."""
     return {label: run_scenario(scenario, make(), fleet, capacity)
-            for label, make in controllers(settings, fleet.seed, scenario.burst_tenant is not None).items()}
+            for label, make in controllers(settings, fleet.seed, scenario.burst_tenant is not None,
+                                           scenario.name in AFFINITY).items()}
 
 
 def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), settings: Settings | None = None,

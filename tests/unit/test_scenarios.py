@@ -17,7 +17,7 @@ from pipeline.sim.goals import check
 from pipeline.sim.scenarios import CONTROLLED, SCENARIOS, Fleet, compare_seeds
 
 # scenario → (least SLO-goodput vs no control, least critical attainment) where a goal is still missed
-SHORT_OF = {"long-context": (1.9, 0.96), "two-pools": (1.8, 0.99), "prompt-heavy-loss": (2.5, 0.98)}
+SHORT_OF = {"long-context": (1.9, 0.96), "two-pools": (1.8, 0.99)}
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +30,24 @@ def goals(rows):
     return {line["scenario"]: line for line in check(rows)}
 
 
-# scenario → least SLO-goodput vs Sluice without fairness where fairness still costs some: rejections concentrated
-# on the bursting tenant use up its tasks' retries, where rejections spread over every tenant let shed tasks
-# survive into the capacity after the burst (docs/simulator.md, "Fair shares between tenants")
-FAIRNESS_COST = {"noisy-neighbour": 0.98}
-
-
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in SHORT_OF])
 def test_sluice_meets_every_goal(goals, scenario):
     line = goals[scenario]
     missed = [f for f in line["failed"].split("; ") if f]
-    if scenario in FAIRNESS_COST:
-        missed = [f for f in missed if "without fairness" not in f]
-        assert line["vs_unfair"] >= FAIRNESS_COST[scenario], line
     assert missed == [], line
 
 
 def test_a_bursting_tenant_pays_for_its_burst_and_the_others_keep_their_attainment(goals):
     line = goals["noisy-neighbour"]
     assert line["others"] >= line["others_no_burst"] - 0.01 and line["burst_shed_share"] >= 0.9, line
+
+
+def test_warm_steps_credit_pays_where_long_contexts_are_cached(goals):
+    """Long-context (4× prompts, later steps warm on their replicas): with warm steps' credit, more SLO-successful
+    tasks at a lower cost each than Sluice without it (seed 1: 1.053× and 0.95×; 1.00-1.05× and 0.95-1.00× over
+    seeds 1-5, docs/simulator.md)."""
+    line = goals["long-context"]
+    assert line["vs_no_affinity"] >= 1.0 and line["cost_vs_no_affinity"] <= 1.0, line
 
 
 @pytest.mark.parametrize("scenario", tuple(SHORT_OF))
