@@ -12,10 +12,6 @@ from .throttle import AdaptiveThrottle
 from .verdicts import ADMIT, Defer, Redirect, Reject, Request, Verdict
 
 
-# A listed tenant's rejections carry the signal's retry-after times (pool fraction ÷ its own), at most this
-MAX_TENANT_DELAY = 10.0
-
-
 class Decider:
     """``decide(request)`` from the signal book, with a seedable RNG and an injectable clock."""
 
@@ -57,21 +53,16 @@ class Decider:
         # cache makes it cheaper; without them it is a continuing step like any other
         own = "warm_task_admit_fraction" if request.continuing and request.warm else kind
         fraction = signal.get(own, signal[kind])[request.priority]
-        later = 1.0
         if request.tenant is not None:
             # a tenant over its fair share is shed by its own fractions (never more leniently than the pool)
             entry = self.book.tenants.get(request.pool, {}).get(request.tenant)
-            if entry is not None and entry[kind][request.priority] < fraction:
-                # ... and told to come back later by as much as its share is below the pool's: its retries
-                # spread over its own overage instead of spending every try while it lasts
-                later = min(MAX_TENANT_DELAY, max(1.0, fraction / max(entry[kind][request.priority],
-                                                                      1 / MAX_TENANT_DELAY)))
-                fraction = entry[kind][request.priority]
+            if entry is not None:
+                fraction = min(fraction, entry[kind][request.priority])
         if self.rng.random() < fraction:
             return ADMIT
         if request.priority in signal["defer"]["classes"]:
             return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))
-        return self._elsewhere(signal, slo, "shed", later)
+        return self._elsewhere(signal, slo, "shed")
 
     def _spread(self, retry_after_s: float, low: float = 0.5) -> float:
         """Each refusal's retry-after drawn from ``low``–1.5× the signal's: clients that honour it to the
@@ -80,7 +71,7 @@ class Decider:
         says (its floor is the policy's ``defer_min_s``); nothing is later than a day."""
         return min(86400.0, max(1.0, retry_after_s * self.rng.uniform(low, 1.5)))
 
-    def _elsewhere(self, signal: dict, slo: float | None, reason: str, later: float = 1.0) -> Verdict:
+    def _elsewhere(self, signal: dict, slo: float | None, reason: str) -> Verdict:
         """Move the work if a sibling has headroom and its cold prefill still fits the SLO; else reject."""
         options = [r for r in signal["redirect"] if slo is None or r["cold_prefill_cost_s"] < slo]
         if options:
@@ -90,7 +81,7 @@ class Decider:
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             return Redirect(options[min(pick, len(options) - 1)]["pool"])
-        return Reject(self._spread(signal["defer"]["retry_after_s"] * later), reason)
+        return Reject(self._spread(signal["defer"]["retry_after_s"]), reason)
 
     def _throttle(self, now: float) -> Verdict:
         p_reject = self.throttle.reject_probability(now)

@@ -150,36 +150,6 @@ def test_the_router_sheds_a_listed_tenant_by_its_own_fractions_and_no_one_else()
     assert admitted_share("noisy", "critical") == 1.0
 
 
-def test_a_listed_tenant_is_told_to_come_back_later_by_as_much_as_its_share_is_below_the_pools():
-    """Its retries spread over its own overage instead of spending every try while it lasts (measured in the
-    noisy-neighbour scenario: the burst's tasks that retried at the pool's pace ran out of tries)."""
-    from pipeline.router import Reject
-    from pipeline.router.decider import MAX_TENANT_DELAY
-
-    decision = steady({"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0})
-    signal = dict(decision.signal, admit_fraction=dict(decision.signal["admit_fraction"], standard=0.8,
-                                                        sheddable=0.5))
-    entry = listed(decision)["noisy"]
-    signal["tenant_admit_fraction"] = [dict(entry, admit_fraction=dict(entry["admit_fraction"], standard=0.2,
-                                                                      sheddable=0.0))]
-    now = signal["issued_at"]
-    base = signal["defer"]["retry_after_s"]
-
-    def waits(tenant, priority):
-        decider = Decider(book_with(signal, now), seed=7, clock=lambda: now / 1000)
-        verdicts = [decider.decide(Request("p", priority, tenant=tenant)) for _ in range(600)]
-        return [v.retry_after_s for v in verdicts if isinstance(v, Reject)]
-
-    others, noisy = waits("b", "sheddable"), waits("noisy", "standard")
-    assert others and max(others) <= 1.5 * base
-    assert noisy and min(noisy) >= 0.5 * base * 4 and max(noisy) <= 1.5 * base * 4   # 0.8 / 0.2
-    shut_out = waits("noisy", "sheddable")   # admitted at 0: the longest wait, bounded
-    assert max(shut_out) <= 1.5 * base * MAX_TENANT_DELAY and min(shut_out) >= 0.5 * base * MAX_TENANT_DELAY / 2
-    # a pool fraction near zero never gives the listed tenant a shorter wait than everyone else's
-    signal["admit_fraction"]["sheddable"] = 0.05
-    assert min(waits("noisy", "sheddable")) >= 0.5 * base and max(waits("noisy", "sheddable")) <= 1.5 * base
-
-
 def test_a_router_from_before_the_tenant_list_follows_a_signal_that_carries_one(monkeypatch):
     """Expand before contract, tested: a router built before ``tenant_admit_fraction`` existed (it knows the
     fields below) keeps accepting the new signals and follows the pool's fractions, ignoring the list."""
