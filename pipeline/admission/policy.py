@@ -56,8 +56,8 @@ from typing import Any, Mapping, Sequence
 
 from ..events import PRIORITIES
 from ..load.picture import pressure
-from .tenant_shares import (MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest, tenant_rates,
-                            wanted_levels)
+from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest,
+                            tenant_rates, wanted_levels)
 
 STATES = ("ok", "pressured", "overloaded", "critical")
 
@@ -519,9 +519,6 @@ def _warm_fractions(level: float, relief: float, continuing: Mapping[str, float]
     return _credited(level, cfg.continuing_credit + extra, continuing, cfg)
 
 
-CRITICAL_LINE = float(len(SHED_ORDER) - 1)
-
-
 # A router refuses a request whose TTFT SLO is shorter than the predicted wait, so a move of the wait can
 # change what it admits. The estimate (engine backlog ÷ completions/s) moves with every sample of the
 # engines' queues; publishing each wobble would send a signal every tick under load. Moves within 20 % of
@@ -529,16 +526,18 @@ CRITICAL_LINE = float(len(SHED_ORDER) - 1)
 WAIT_CHANGE_FRACTION = 0.2
 WAIT_CHANGE_S = 0.1
 
+# What routers act on, exactly as published (optional members compare absent with absent).
+ROUTED_MEMBERS = ("state", "admit_fraction", "continuing_task_admit_fraction", "warm_task_admit_fraction",
+                  "tenant_admit_fraction", "redirect", "defer")
+
 
 def changed(a: Decision, b: Decision) -> bool:
     """Whether routers must hear about ``b`` now rather than at the next heartbeat."""
     if not a.signal:
         return True
-    keys = ("state", "admit_fraction", "continuing_task_admit_fraction", "redirect", "defer")
-    if any(a.signal[k] != b.signal[k] for k in keys) or a.signal.get("warm_task_admit_fraction") != b.signal.get(
-            "warm_task_admit_fraction") or abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
+    if any(a.signal.get(k) != b.signal.get(k) for k in ROUTED_MEMBERS):
         return True
-    if a.signal.get("tenant_admit_fraction") != b.signal.get("tenant_admit_fraction"):
+    if abs(a.signal["retry_budget"] - b.signal["retry_budget"]) > 0.01:
         return True
     wait, new_wait = a.signal["max_predicted_wait_s"], b.signal["max_predicted_wait_s"]
     return abs(new_wait - wait) > max(WAIT_CHANGE_S, WAIT_CHANGE_FRACTION * wait)

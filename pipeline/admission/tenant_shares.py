@@ -10,7 +10,7 @@ split among the rest by weight. A tenant the pool's level would admit more than 
 its own work to fit its share, and what that sheds beyond the pool's level is given back to everyone else
 by a lower level for the rest. So a tenant within its share is not shed for another's burst while the pool
 has capacity for its work, and with every tenant alike nothing changes. A tenant level never sheds critical
-work below the pool's level (it stops at ``MAX_TENANT_LEVEL``): critical work over the pool's capacity is
+work below the pool's level (it stops at ``CRITICAL_LINE``): critical work over the pool's capacity is
 shed by the pool's level, in the order the signal contract promises, not by whose it is.
 
 The ``(other)`` row (every tenant beyond the picture's largest) is no tenant a router can match: it counts
@@ -25,7 +25,7 @@ from typing import Any, Collection, Mapping, Sequence
 from ..load.aggregates import IDENTIFIER
 
 SHED_ORDER = ("deferrable", "sheddable", "standard", "critical")
-MAX_TENANT_LEVEL = 3.0   # deferrable, sheddable and standard shed; critical untouched
+CRITICAL_LINE = float(len(SHED_ORDER) - 1)   # the level at which critical's new work starts being shed
 MAX_LISTED = 16          # tenants a signal lists (admission_signal.v1's maxItems)
 
 
@@ -122,7 +122,7 @@ def wanted_levels(by_tenant: Mapping[str, Sequence[float]], pool_offered: Mappin
         # are refused with their partials already; never listed, whatever reaches here
         if not IDENTIFIER.match(name) or admitted <= shares.get(name, 0.0) * (1 + margin):
             continue
-        out[name] = max(pool_level, fit_level(rates, shares[name], max(MAX_TENANT_LEVEL, pool_level)))
+        out[name] = max(pool_level, fit_level(rates, shares[name], max(CRITICAL_LINE, pool_level)))
     return out
 
 
