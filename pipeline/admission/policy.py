@@ -308,6 +308,8 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
 
 
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
+    """Siblings with headroom, weighted by it; ``cold_prefill_cost_s`` is a moved request's whole prefill there
+    (routers compare it with the TTFT SLO)."""
     candidates = []
     for sib in siblings:
         headroom = cfg.redirect_headroom_below - admission_pressure(sib, cfg)
@@ -446,6 +448,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     }
     if warm != continuing:   # absent when no warm step would be admitted more than other continuing ones
         signal["warm_task_admit_fraction"] = warm
+    share = cached_share(picture)
+    if signal["redirect"] and share is not None:
+        # what part of a move's cold prefill the source's caches would have served; absent when unmeasured
+        # (no loss is known, which is not none). Rounded: it informs, and must not make every tick a change
+        signal["redirect_cache_loss_fraction"] = round(share, 2)
     if listed:   # absent when empty: routers that predate it see the signal they know
         signal["tenant_admit_fraction"] = listed
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),

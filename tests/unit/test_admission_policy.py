@@ -5,6 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, changed, class_fractions, decide
+from pipeline.admission.signing import sign, verify
+from pipeline.events import validate
 from pipeline.load.picture import AXES
 
 CFG = AdmissionConfig()
@@ -152,6 +154,28 @@ def test_redirects_go_to_siblings_with_headroom_weighted_by_it():
     assert set(redirect) == {"a", "b"}
     assert redirect["a"]["weight"] == pytest.approx(0.6 / 0.8) and redirect["b"]["weight"] == pytest.approx(0.2 / 0.8)
     assert redirect["a"]["cold_prefill_cost_s"] == pytest.approx((10_000 / 10) / (40_000 / 4))
+
+
+@pytest.mark.parametrize("cache,loss", [
+    ({"cached_input_share": 0.75, "prefix_hit_rate": 0.1}, 0.75),   # the requests' own figure first
+    ({"cached_input_share": None, "prefix_hit_rate": 0.4}, 0.4),     # else the replicas' hit rate
+    ({"cached_input_share": 1.0}, 1.0),                              # all of it, never more
+    ({"cached_input_share": 1e300, "prefix_hit_rate": float("nan")}, None),  # no share: no loss is known
+    ({"cached_input_share": None, "prefix_hit_rate": None}, None),
+    (None, None),                                                    # a picture from an older worker
+])
+def test_a_moves_cache_loss_is_the_sources_measured_cached_share(cache, loss):
+    hot = picture(watermark=TICK, demand=1.5) | ({"cache": cache} if cache is not None else {})
+    cold_sibling = picture("a", demand=0.2) | {"cache": {"cached_input_share": 0.0, "prefix_hit_rate": 0.0}}
+    signal = decide(hot, Decision("p"), CFG, TICK, siblings=[cold_sibling]).signal
+    (entry,) = signal["redirect"]
+    assert entry["cold_prefill_cost_s"] == pytest.approx(0.1), "the TTFT figure stays the whole prompt"
+    assert signal.get("redirect_cache_loss_fraction") == loss
+    envelope = {"event_id": "00000000-0000-4000-8000-000000000000", "event_time": TICK, **signal}
+    validate("admission_signal", verify(sign(envelope, "k", b"secret"), {"k": b"secret"}))
+    calm = decide(picture(watermark=TICK, demand=0.2) | {"cache": cache or {}}, Decision("p"), CFG, TICK,
+                  siblings=[cold_sibling]).signal
+    assert calm["redirect"] == [] and "redirect_cache_loss_fraction" not in calm, "no move offered, no loss"
 
 
 def test_seq_is_monotonic_across_a_controller_restart():

@@ -206,3 +206,25 @@ def test_a_signal_with_fields_this_router_does_not_know_is_followed_by_what_it_k
     assert book.signals["p"]["admit_fraction"] == d.signal["admit_fraction"]
     nested = dict(body, admit_fraction={**d.signal["admit_fraction"], "platinum": 1.0}, seq=body["seq"] + 1)
     assert not book.offer(sign(nested, "k1", KEYS["k1"])) and book.refused == {"invalid": 1}
+
+
+@pytest.mark.parametrize("predates", [False, True])
+def test_routers_before_and_after_the_moves_cache_loss_move_work_alike(monkeypatch, predates):
+    """``redirect_cache_loss_fraction`` was added in place to v1: a router that does not know it drops it and
+    keeps following the signal, redirects included."""
+    import pipeline.router.signal_book as signal_book
+
+    if predates:
+        monkeypatch.setattr(signal_book, "KNOWN_FIELDS", signal_book.KNOWN_FIELDS - {"redirect_cache_loss_fraction"})
+    now_ms = 1_000_000
+    decision = Decision("p")
+    for tick in range(10):   # the level climbs in bounded steps
+        hot = picture("p", watermark=now_ms + tick, demand=3.0) | {"cache": {"cached_input_share": 0.6}}
+        decision = decide(hot, decision, AdmissionConfig(), now_ms + tick, siblings=[picture("q", demand=0.1)])
+    signal = decision.signal
+    assert signal["redirect_cache_loss_fraction"] == 0.6 and signal["admit_fraction"]["sheddable"] == 0.0
+    body = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now_ms, **signal}
+    book = book_with(sign(body, "k1", KEYS["k1"]), clock=Clock(now_ms / 1000))
+    assert ("redirect_cache_loss_fraction" in book.signals["p"]) is not predates, book.refused
+    decider = Decider(book, seed=1, clock=Clock(now_ms / 1000))
+    assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0)) == Redirect("q")
