@@ -155,6 +155,10 @@ class FleetSim:
         self.client = client
         self.rng = random.Random(seed)
         self._ids = random.Random(seed + 1)
+        # what each task is (steps, sizes, class, tenant) comes from its own stream, drawn in arrival order:
+        # every controller compared under a seed then serves the same tasks, and what differs between two
+        # runs is what the controllers did with them (draws from ``rng`` follow the controller's decisions)
+        self._shapes = random.Random(seed + 2)
         self.start_ms = start_ms
         self.duration_s = duration_s
         self.end_s = duration_s + drain_s
@@ -247,14 +251,15 @@ class FleetSim:
     def _arrive(self, arrival: Arrival, pool: str) -> None:
         self._task_no += 1
         steps = []
-        n = self.rng.choice(STEP_WEIGHTS)
+        shapes = self._shapes
+        n = shapes.choice(STEP_WEIGHTS)
         factor = self.long_context_factor if (self.long_context_from_s is not None
                                               and self.now >= self.long_context_from_s) else 1.0
         first_input = int(arrival.input_tokens * factor)
         steps.append((first_input, arrival.output_tokens))
         for _ in range(n - 1):
-            steps.append((self.rng.randint(20, 400), max(1, int(arrival.output_tokens * self.rng.uniform(0.3, 1.2)))))
-        priority, tenant = pick_priority(self.rng), TENANTS[self.rng.randrange(len(TENANTS))]
+            steps.append((shapes.randint(20, 400), max(1, int(arrival.output_tokens * shapes.uniform(0.3, 1.2)))))
+        priority, tenant = pick_priority(shapes), TENANTS[shapes.randrange(len(TENANTS))]
         tenant = arrival.tenant or tenant
         task = Task(f"task-{self._task_no:07d}", priority, tenant, self.now, steps,
                     context=min(MAX_CONTEXT, first_input), pool=pool)

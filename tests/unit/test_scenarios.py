@@ -17,7 +17,7 @@ from pipeline.sim.goals import check
 from pipeline.sim.scenarios import CONTROLLED, SCENARIOS, Fleet, compare_seeds
 
 # scenario → (least SLO-goodput vs no control, least critical attainment) where a goal is still missed
-SHORT_OF = {"long-context": (1.9, 0.96), "two-pools": (1.8, 0.99)}
+SHORT_OF = {"long-context": (1.9, 0.96), "two-pools": (1.8, 0.99), "prompt-heavy-loss": (2.0, 0.97)}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def test_a_bursting_tenant_pays_for_its_burst_and_the_others_keep_their_attainme
 
 def test_warm_steps_credit_pays_where_long_contexts_are_cached(goals):
     """Long-context (4× prompts, later steps warm on their replicas): with warm steps' credit, more SLO-successful
-    tasks at a lower cost each than Sluice without it (seed 1: 1.053× and 0.95×; 1.00-1.05× and 0.95-1.00× over
-    seeds 1-5, docs/simulator.md)."""
+    tasks at a lower cost each than Sluice without it, on the same tasks (seed 1: 1.028× and 0.972×; 1.005-1.054×
+    and 0.949-0.995× over seeds 1-5, docs/simulator.md)."""
     line = goals["long-context"]
     assert line["vs_no_affinity"] >= 1.0 and line["cost_vs_no_affinity"] <= 1.0, line
 

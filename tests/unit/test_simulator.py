@@ -80,6 +80,20 @@ def test_same_seed_same_results_and_another_seed_differs():
     assert run(3) != run(4)
 
 
+def test_every_controller_under_a_seed_serves_the_same_tasks():
+    """Comparisons between controllers are paired: what a task is (class, tenant, steps and their sizes)
+    never depends on what the controller did with the tasks before it, so a ratio measures the controller,
+    not a different draw of work. (The two controllers here shed and retry differently from the start.)"""
+    def shapes(controller):
+        stats = fleet(controller, rate=40.0, fleet_events=(FleetEvent(20.0, 1, 40.0),)).run()
+        return stats, [(t.id, t.arrived_s, t.priority, t.tenant, tuple(t.steps)) for t in stats.tasks]
+
+    calm, calm_shapes = shapes(NoControl())
+    strict, strict_shapes = shapes(FixedThreshold())
+    assert calm.admitted != strict.admitted or calm.rejected != strict.rejected, "the runs must differ"
+    assert calm_shapes == strict_shapes
+
+
 def test_clients_time_out_and_retry_with_backoff_up_to_max_attempts():
     client = ClientPolicy(ttft_timeout_s=1.0, max_attempts=2, backoff_base_s=0.5)
     events = []
