@@ -105,6 +105,9 @@ class AdmissionConfig:
     validity_s: float = 6.0
     max_redirects: int = 3
     redirect_headroom_below: float = 0.8  # a sibling with pressure under this may take work
+    # publish redirect_cache_loss_fraction with redirects (the source's cached share: what a move loses); off
+    # while routers from before session 7, which refuse any signal with a member they do not know, remain
+    redirect_cache_loss: bool = True
     reason_threshold: float = 0.8         # axes at or over this pressure are named in reasons
     # Axes that drive admission; the others are still reported in every signal. Left out by default:
     # cost — shedding lowers successful tasks, so it cannot lower cost per successful task; errors — a
@@ -131,6 +134,10 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
             value = _tenant_weights(value)
         values[name] = tuple(value) if isinstance(value, list) else value
     cfg = replace(AdmissionConfig(), **values)
+    switches = [f.name for f in fields(AdmissionConfig) if f.type == "bool"]
+    wrong = [name for name in switches if not isinstance(getattr(cfg, name), bool)]
+    if wrong:   # a string "false" would be truthy: a switch is true or false, nothing else
+        raise ValueError(f"admission_policy: {', '.join(wrong)} must be true or false")
     if not (len(cfg.enter) == len(cfg.leave) == 3 and all(l < e for l, e in zip(cfg.leave, cfg.enter))
             and list(cfg.enter) == sorted(cfg.enter)):
         raise ValueError("admission_policy: need three rising enter thresholds, each above its leave threshold")
@@ -449,9 +456,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     if warm != continuing:   # absent when no warm step would be admitted more than other continuing ones
         signal["warm_task_admit_fraction"] = warm
     share = cached_share(picture)
-    if signal["redirect"] and share is not None:
+    if cfg.redirect_cache_loss and signal["redirect"] and share is not None:
         # what part of a move's cold prefill the source's caches would have served; absent when unmeasured
-        # (no loss is known, which is not none). Rounded: it informs, and must not make every tick a change
+        # (no loss is known, which is not none). Informational, so not in ROUTED_MEMBERS: it rides on the
+        # signals the routed members or the heartbeat send
         signal["redirect_cache_loss_fraction"] = round(share, 2)
     if listed:   # absent when empty: routers that predate it see the signal they know
         signal["tenant_admit_fraction"] = listed

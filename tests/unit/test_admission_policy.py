@@ -1,5 +1,7 @@
 """The admission policy: states, shedding order, step bounds, hysteresis, staleness, continuing tasks."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -176,6 +178,25 @@ def test_a_moves_cache_loss_is_the_sources_measured_cached_share(cache, loss):
     calm = decide(picture(watermark=TICK, demand=0.2) | {"cache": cache or {}}, Decision("p"), CFG, TICK,
                   siblings=[cold_sibling]).signal
     assert calm["redirect"] == [] and "redirect_cache_loss_fraction" not in calm, "no move offered, no loss"
+    off = decide(hot, Decision("p"), replace(CFG, redirect_cache_loss=False), TICK, siblings=[cold_sibling]).signal
+    assert off["redirect"] == signal["redirect"] and "redirect_cache_loss_fraction" not in off
+
+
+@pytest.mark.parametrize("switch", ["redirect_cache_loss", "tenant_fairness", "feed_forward"])
+def test_a_switch_that_is_not_true_or_false_fails_at_start_up(switch):
+    from pipeline.admission.policy import config_from
+
+    assert getattr(config_from({switch: False}), switch) is False
+    with pytest.raises(ValueError, match=switch):
+        config_from({switch: "false"})
+
+
+def test_a_change_of_the_moves_cache_loss_alone_waits_for_the_heartbeat():
+    """Informational: routers do not act on it, so it rides on the signals the routed members send."""
+    hot = picture(watermark=TICK, demand=1.5) | {"cache": {"cached_input_share": 0.2}}
+    first = decide(hot, Decision("p"), CFG, TICK, siblings=[picture("a", demand=0.2)])
+    moved = replace(first, signal=dict(first.signal, redirect_cache_loss_fraction=0.9))
+    assert first.signal["redirect_cache_loss_fraction"] == 0.2 and not changed(first, moved)
 
 
 def test_seq_is_monotonic_across_a_controller_restart():
