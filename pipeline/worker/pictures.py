@@ -122,7 +122,13 @@ class Stage2:
         for key, value in list(self.table.items()):
             pool = key.split(KEY_SEP, 1)[0]
             if partition_of(pool, partitions) in active_partitions:
-                partial, merged_ms = unstored(value)
+                try:
+                    partial, merged_ms = unstored(value)
+                except Exception as exc:  # one bad value costs that value, never the worker (a crash loop)
+                    log.warning("left out table value %r that does not parse: %s: %.200s", key[:200],
+                                type(exc).__name__, exc)
+                    self.unwanted.setdefault(partition_of(pool, self.partitions), []).append(key)
+                    continue
                 if not self._from_the_future(partial):
                     kept.append((key, partial))
                     if merged_ms is not None:

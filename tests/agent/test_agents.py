@@ -405,6 +405,23 @@ def test_a_changelog_poisoned_by_a_partial_from_the_future_heals_on_rebuild(app)
     assert not any(b"raw/2" in key for key in table)
 
 
+def test_a_table_value_that_does_not_parse_costs_that_value_not_the_rebuild(app):
+    """A changelog value that is garbage is left out (and queued for deletion) and the rest rebuilds:
+    raising there would crash the worker at every rebalance, on every worker that took the partition."""
+    from pipeline.worker.pictures import KEY_SEP, partition_of, stored
+
+    pool = b"llama-70b-a"
+    now = int(app.stage2.clock() * 1000)   # merged just now: a pool idle past pool_idle_s is not rebuilt
+    garbage = {b"bytes": b"\x78\x9c garbage", b"json": b"{not json", b"list": b"[]", b"null": b"null",
+               b"wrapped": b'{"merged_ms": 1, "partial": {"id": 7}}', b"none": None}
+    app.stage2.table = {pool + KEY_SEP + b"raw/0/1-3": stored(partial_bytes("raw/0", 1, 3), now),
+                        **{pool + KEY_SEP + name: value for name, value in garbage.items()}}
+    app.stage2.rebuild({partition_of(pool, 2)}, 2)
+    assert app.stage2.loop.states["llama-70b-a"].partials_merged == 1
+    queued = {key for keys in app.stage2.unwanted.values() for key in keys}
+    assert queued == {pool + KEY_SEP + name for name in garbage}
+
+
 def test_garbage_on_the_partials_topic_costs_one_record_not_the_agent(app):
     pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
     garbage = [b"not json", b"[]", b"null", b'{"id": 1}', b'{"id": "x", "pool": "p", "requests": {"a": 1}}',
