@@ -18,6 +18,7 @@ without it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -29,7 +30,7 @@ import uuid
 from dataclasses import replace
 from itertools import islice, takewhile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -173,6 +174,41 @@ def _steady_rate(samples: list[tuple[float, list[float]]], total: int) -> float 
 
 LONG_EVENTS = 10_000_000
 RSS_EVERY_S = 5.0
+
+
+def bench_steady_rss(settings: Settings, work_dir: Path, events_per_s: float = 10_000, seconds: float = 420,
+                     **overrides: Any) -> dict:
+    """One control worker's RSS under real-time traffic for longer than the cost window, where its
+    changelog table and per-second aggregates stop growing (a backlog spans too little event time to
+    fill them). Not part of ``main``: it takes ``seconds``."""
+    run_settings = replace(_isolated(settings, work_dir), role="control", **overrides)
+    bootstrap = run_settings.kafka_bootstrap_servers
+    asyncio.run(topics.ensure_topics(run_settings, bootstrap))
+    worker = WorkerProcess(run_settings, work_dir / f"{run_settings.topic_namespace}-steady-rss.log")
+    samples: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        started = time.monotonic()
+        while not stop.wait(20):
+            samples.append((round(time.monotonic() - started), round(_rss_mib(worker.pid), 1)))
+
+    sampler = threading.Thread(target=sample)
+    try:
+        worker.start()
+        sampler.start()
+        stream = generate(load_trace(), rate=events_per_s / 7.0, seconds=seconds, seed=3,
+                          start_ms=int(time.time() * 1000))
+        produced = asyncio.run(produce(run_settings, bootstrap, stream, paced=True, stamp=True))
+        exposition = worker.scrape()
+    finally:
+        stop.set()
+        if sampler.is_alive():
+            sampler.join()
+        worker.stop()
+    return {"cut_interval_s": run_settings.cut_interval_s, "events_per_s": round(produced.total / seconds),
+            "partials_per_s": round(counter_total(exposition, "sluice_partials_published_total") / seconds, 1),
+            "rss_mib_every_20_s": samples}
 
 
 def bench_long_run(settings: Settings, work_dir: Path, seconds: float, max_events: int = LONG_EVENTS) -> dict:
@@ -450,6 +486,14 @@ def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
     return None
 
 
+def counter_total(text: str, name: str) -> float:
+    """A Prometheus counter's value, summed over labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name)
+
+
 def histogram_quantile(text: str, name: str, q: float) -> float | None:
     return bucket_quantile(histogram_buckets(text, name), q)
 
@@ -576,11 +620,12 @@ def bench_litellm_hook(settings: Settings, calls: int = 20_000) -> dict:
 
 
 def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, work_dir: Path,
-                      role: str = "control") -> dict:
-    """Picture lag and decision latency at a stated rate with a 250 ms tick: events are produced in
-    real time, event time = production time. ``role`` ``all`` adds the landing path to the same process
-    (and the landing lag to the figures): what its inserts cost the decisions' tail."""
-    run_settings = replace(_isolated(settings, work_dir), tick_s=0.25, role=role)
+                      role: str = "control", **overrides: Any) -> dict:
+    """Picture lag and decision latency at a stated rate, with the settings' tick and cut interval unless
+    ``overrides`` name others: events are produced in real time, event time = production time. ``role``
+    ``all`` adds the landing path to the same process (and the landing lag to the figures): what its
+    inserts cost the decisions' tail."""
+    run_settings = replace(_isolated(settings, work_dir), role=role, **overrides)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     events_per_request = 7.0  # lifecycle events per request incl. retries, plus replica samples: measured
@@ -591,12 +636,16 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
         def scrape() -> str:
             return urllib.request.urlopen(f"{worker.base_url}/metrics", timeout=5).read().decode()
 
+        # generated before the clock starts: on two cores, generating while producing took 40% of the
+        # producer's core from the worker it measures (event times are stamped when sent)
+        stream = list(generate(load_trace(), rate=events_per_s / events_per_request, seconds=seconds, seed=3,
+                               start_ms=int(time.time() * 1000)))
+        gc.freeze()   # or the collector walks those events again and again, pausing the sends it times
+
         async def measure() -> tuple[list[float], int, str]:
             stop = asyncio.Event()
             reader = asyncio.create_task(_collect_lags(run_settings, bootstrap, stop))
             await asyncio.sleep(1.0)
-            stream = generate(load_trace(), rate=events_per_s / events_per_request, seconds=seconds, seed=3,
-                              start_ms=int(time.time() * 1000))
             produced = await produce(run_settings, bootstrap, stream, paced=True, stamp=True)
             # while traffic flows: signals published after it stops would count the idle time as latency
             during = await asyncio.to_thread(scrape)
@@ -604,13 +653,17 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
             stop.set()
             return await reader, produced.total, during
 
-        lags, total, during = asyncio.run(measure())
+        try:
+            lags, total, during = asyncio.run(measure())
+        finally:
+            gc.unfreeze()
         rss = _rss_mib(worker.pid)
         exposition = scrape()
     finally:
         worker.stop()
     return {"role": role, "target_events_per_s": events_per_s, "achieved_events_per_s": round(total / seconds),
-            "seconds": seconds, "tick_s": run_settings.tick_s, "pictures": len(lags),
+            "seconds": seconds, "tick_s": run_settings.tick_s,
+            "cut_interval_s": run_settings.cut_interval_s, "pictures": len(lags),
             "picture_lag_p50_s": _percentile(lags, 0.5), "picture_lag_p99_s": _percentile(lags, 0.99),
             "decision_latency_p50_s": histogram_quantile(during, "sluice_decision_latency_seconds", 0.5),
             "decision_latency_p99_s": histogram_quantile(during, "sluice_decision_latency_seconds", 0.99),
@@ -618,6 +671,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
             "landing_lag_p99_s": histogram_quantile(exposition, "sluice_landing_lag_seconds", 0.99),
             "fold_batch_p99_s": histogram_quantile(exposition, "sluice_ingest_batch_seconds", 0.99),
             "sink_block_p99_s": histogram_quantile(exposition, "sluice_sink_batch_seconds", 0.99),
+            "partials_per_s": round(counter_total(during, "sluice_partials_published_total") / seconds, 1),
             "worker_rss_mib": round(rss, 1)}
 
 

@@ -155,8 +155,14 @@ class Settings:
     log_level: str = field(default="info", metadata=_doc(
         "Worker log level.", choices=("crit", "error", "warn", "info", "debug")))
     tick_s: float = field(default=0.5, metadata=_doc(
-        "The control path publishes per-pool partials and stage 2 publishes pictures every tick, seconds.",
+        "Stage 2 steps the control loop every tick, seconds: pictures of changed pools, decisions, signals. "
+        "The admission policy's steps (gain, step_down, level steps) are per tick, tuned at 0.5.",
         min=0.05, max=60))
+    cut_interval_s: float = field(default=0.1, metadata=_doc(
+        "Stage 1 cuts its builders into per-pool partials this often, seconds: the newest events a decision "
+        "sees are at most about this plus two hops old. Shorter costs more partials (each source partition "
+        "sends one per pool per cut; stage 2 merges each and its changelog table keeps it for the cost window).",
+        min=0.02, max=60))
     fast_window_s: float = field(default=10.0, metadata=_doc(
         "Event-time window of the fast axes (demand, queue, latency, errors), seconds.", min=1, max=3600))
     cost_window_s: float = field(default=300.0, metadata=_doc(

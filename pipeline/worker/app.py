@@ -105,9 +105,13 @@ def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_lette
             except Exception as exc:  # one bad record costs that record, never the agent (it would crash-loop)
                 log.warning("ignored a partial that does not parse or merge: %s: %.200s", type(exc).__name__, exc)
 
+    @app.timer(interval=settings.cut_interval_s)
+    async def cut() -> None:
+        """Partials out often, so the newest merged data at a tick is about a cut interval old, not a tick."""
+        await control.publish_partials()
+
     @app.timer(interval=settings.tick_s)
     async def tick() -> None:
-        await control.publish_partials()
         await stage2.publish()
 
     @app.on_rebalance_complete.connect

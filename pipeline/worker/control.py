@@ -2,7 +2,7 @@
 
 Consumer group ``<app_id>-control`` reads the raw topics; every accepted
 event is folded at once into its source partition's ``PartialBuilder``, bad
-records go to the dead-letter topic, and each tick the builders are cut into
+records go to the dead-letter topic, and every ``cut_interval_s`` the builders are cut into
 per-pool partials on ``sluice.partials.v1``.
 
 **Each event is counted once in the picture, across crashes and
@@ -197,7 +197,7 @@ class ControlConsumer(BatchLoop):
         return {topics.REQUESTS.name(s): RequestEvent, topics.REPLICAS.name(s): ReplicaSample}
 
     async def on_fetched(self, by_topic: dict[str, list[Record]]) -> None:
-        """Fold at once; partials go out on the tick (``publish_partials``), not per fetch."""
+        """Fold at once; partials go out every cut interval (``publish_partials``), not per fetch."""
         classes = self.classes()
         for topic, records in by_topic.items():
             await self.handle(classes[topic], records)

@@ -1,11 +1,13 @@
 """The load picture through the real broker and workers, against an offline computation over the same events."""
 
+import itertools
 import math
 import time
 
 import pytest
 
 from pipeline import topics
+from pipeline.bench import counter_total
 from pipeline.pools_view import latest_pictures
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
@@ -127,3 +129,18 @@ def test_two_workers_give_the_same_picture_as_offline(backfill, worker_factory, 
         assert_matches(pictures[pool], expected[pool])
     assert all(w.counts().accepted > 0 for w in workers), "the group split stage 1 between both workers"
 
+
+
+def test_partials_are_cut_and_merged_every_cut_interval_not_every_tick(settings, worker_factory):
+    """A decision's newest input is about a cut interval old, whatever the tick: with a 60 s tick (which
+    paces the policy's steps), stage 1 cuts and stage 2 merges partials before the tick comes round."""
+    worker = worker_factory(settings, role="control", tick_s=60.0, cut_interval_s=0.1).start()
+    events = list(itertools.islice(generate(load_trace(), rate=20, seconds=60, seed=5, start_ms=START_MS), 300))
+    run(produce(settings, settings.kafka_bootstrap_servers, events, paced=False))
+
+    def merged():
+        text = worker.scrape()
+        return counter_total(text, "sluice_partials_merged_total") > 0 and text
+
+    text = wait_for(merged, 30, message="partials cut and merged before the first tick")
+    assert counter_total(text, "sluice_partials_published_total") > 0
