@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure stage figures against a baseline in the same run")
     bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")
-    bench.add_argument("--lag-rate", type=float, default=10000, help="events/s for the lag stage (250 ms tick)")
+    bench.add_argument("--lag-rate", type=float, default=10000, help="events/s for the lag stage")
     bench.add_argument("--lag-seconds", type=float, default=30, help="seconds of real-time traffic for it")
     bench.add_argument("--long-seconds", type=float, default=600,
                        help="length of the long control-worker run, its RSS sampled over time, which stops "

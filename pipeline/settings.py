@@ -161,8 +161,8 @@ class Settings:
     cut_interval_s: float = field(default=0.1, metadata=_doc(
         "Stage 1 cuts its builders into per-pool partials this often, seconds: the newest events a decision "
         "sees are at most about this plus two hops old. Shorter costs more partials (each source partition "
-        "sends one per pool per cut; stage 2 merges each and its changelog table keeps it for the cost window).",
-        min=0.02, max=60))
+        "sends one per pool per cut; stage 2 merges each and its changelog table keeps it for the cost window). "
+        "At most tick_s.", min=0.05, max=60))
     fast_window_s: float = field(default=10.0, metadata=_doc(
         "Event-time window of the fast axes (demand, queue, latency, errors), seconds.", min=1, max=3600))
     cost_window_s: float = field(default=300.0, metadata=_doc(
@@ -237,6 +237,9 @@ class Settings:
             _check(f, getattr(self, f.name))
         if self.cost_window_s < self.fast_window_s:
             raise SettingsError("setting cost_window_s must be at least fast_window_s")
+        if self.cut_interval_s > self.tick_s:
+            raise SettingsError(f"setting cut_interval_s={self.cut_interval_s} is longer than tick_s={self.tick_s}: "
+                                "the policy would step on pictures that have not changed")
         if self.dev_signing_key and not _loopback(self.web_host):
             raise SettingsError(f"dev_signing_key is for a development machine: web_host={self.web_host} is not "
                                 "a loopback address; set signing_keys")

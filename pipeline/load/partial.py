@@ -1,4 +1,4 @@
-"""Per-pool partial aggregates: stage 1's output, one per (source, pool) per tick.
+"""Per-pool partial aggregates: stage 1's output, one per (source, pool) per cut.
 
 A partial's ``id`` names its source topic, partition and the offset range it
 folds, so stage 2 can tell a redelivered or repeated partial from a new one.
@@ -34,6 +34,9 @@ class Partial:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Partial":
+        """Raises on a partial whose identity is not what stage 2 keys, orders and releases it by."""
+        if not (isinstance(data["id"], str) and isinstance(data["pool"], str) and type(data["newest_ms"]) is int):
+            raise ValueError("a partial's id and pool must be strings and its newest_ms an integer")
         return cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], models=set(data.get("models", ())),
                    requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
                    replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
@@ -44,7 +47,7 @@ class Partial:
 
 
 class PartialBuilder:
-    """Stage 1's fold for one source partition: events in, partials out at each tick."""
+    """Stage 1's fold for one source partition: events in, partials out at each cut."""
 
     def __init__(self, source: str, replica_max_gap_s: float) -> None:
         self.source = source

@@ -6,14 +6,14 @@ records go to the dead-letter topic, and every ``cut_interval_s`` the builders a
 per-pool partials on ``sluice.partials.v1``.
 
 **Each event is counted once in the picture, across crashes and
-rebalances**, without transactions, by a write-ahead cut: before a tick
+rebalances**, without transactions, by a write-ahead cut: before a cut
 publishes the partials of offsets ``[start, end]`` of a partition it commits
 offset ``start`` with metadata ``cut:<end>``. A partial's id is
 ``<topic>/<partition>/<start>-<end>``. If the worker dies after publishing,
 the next owner reads the committed ``(start, cut:end)``, folds exactly
 ``[start, end]`` again and publishes it under the same id, which stage 2
 drops as a duplicate (or merges, if the first one never got out). The next
-tick's commit of ``end + 1`` confirms the cut. A pool's partial too large for
+cut's commit of ``end + 1`` confirms the cut. A pool's partial too large for
 one message (a sparse backlog: one entry per event-second) goes out in parts
 under ``topics.partial_budget_bytes()``, ``<id>``, ``<id>#1``, …, split by its
 content alone, so the repeat yields the same parts under the same ids.
@@ -188,6 +188,13 @@ class ControlConsumer(BatchLoop):
             state.pop(where, None)
         self.unconfirmed.discard(where)
         self.owned.discard(where)
+
+    async def on_stop(self) -> None:
+        """The loop ended (a crash, or shutdown): nothing folded may go out now, since with no consumer a
+        cut could not commit first and whoever reads these partitions next would count it again."""
+        async with self._lock:
+            for where in {*self.builders, *self.cut_start, *self.owned, *self.replays}:
+                self.forget(*where)
 
     def group(self) -> str:
         return topics.control_group(self.settings)

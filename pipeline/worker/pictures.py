@@ -124,12 +124,15 @@ class Stage2:
             if partition_of(pool, partitions) in active_partitions:
                 try:
                     partial, merged_ms = unstored(value)
+                    if partial.pool.encode() != pool:
+                        raise ValueError(f"it holds a partial of pool {partial.pool[:100]!r}")
+                    future = self._from_the_future(partial)
                 except Exception as exc:  # one bad value costs that value, never the worker (a crash loop)
                     log.warning("left out table value %r that does not parse: %s: %.200s", key[:200],
                                 type(exc).__name__, exc)
                     self.unwanted.setdefault(partition_of(pool, self.partitions), []).append(key)
                     continue
-                if not self._from_the_future(partial):
+                if not future:
                     kept.append((key, partial))
                     if merged_ms is not None:
                         active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))

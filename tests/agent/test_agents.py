@@ -413,7 +413,10 @@ def test_a_table_value_that_does_not_parse_costs_that_value_not_the_rebuild(app)
     pool = b"llama-70b-a"
     now = int(app.stage2.clock() * 1000)   # merged just now: a pool idle past pool_idle_s is not rebuilt
     garbage = {b"bytes": b"\x78\x9c garbage", b"json": b"{not json", b"list": b"[]", b"null": b"null",
-               b"wrapped": b'{"merged_ms": 1, "partial": {"id": 7}}', b"none": None}
+               b"wrapped": b'{"merged_ms": 1, "partial": {"id": 7}}', b"none": None,
+               b"types": orjson.dumps({**orjson.loads(partial_bytes("raw/1", 1, 1)), "newest_ms": "9"}),
+               b"int-id": orjson.dumps({**orjson.loads(partial_bytes("raw/2", 1, 1)), "id": 7}),
+               b"other-pool": orjson.dumps({**orjson.loads(partial_bytes("raw/3", 1, 1)), "pool": "elsewhere"})}
     app.stage2.table = {pool + KEY_SEP + b"raw/0/1-3": stored(partial_bytes("raw/0", 1, 3), now),
                         **{pool + KEY_SEP + name: value for name, value in garbage.items()}}
     app.stage2.rebuild({partition_of(pool, 2)}, 2)

@@ -31,6 +31,8 @@ def test_kafka_bootstrap_servers_alias():
     ({"SLUICE_LOG_LEVEL": "loud"}, "log_level"),
     ({"SLUICE_TOPIC_NAMESPACE": "a b"}, "topic_namespace"),
     ({"SLUICE_CONFIG": "/nonexistent/sluice.toml"}, "SLUICE_CONFIG"),
+    ({"SLUICE_CUT_INTERVAL_S": "1.0"}, "cut_interval_s=1.0 is longer than tick_s"),
+    ({"SLUICE_CUT_INTERVAL_S": "0.01"}, "cut_interval_s"),
 ])
 def test_bad_configuration_fails_loudly_naming_the_setting(env, message):
     with pytest.raises(SettingsError, match=message):
