@@ -90,6 +90,7 @@ def handled(worker: WorkerProcess, role: str) -> float:
                if sample.name in HANDLED[role])
 
 
+EVENTS_PER_REQUEST = 7.0  # the trace's lifecycle events per request incl. retries, plus replica samples
 BACKLOG_S = 10 * 3600   # generated traffic spans at most this much event time, all of it in the past
 
 
@@ -197,7 +198,7 @@ def bench_steady_rss(settings: Settings, work_dir: Path, events_per_s: float = 1
     try:
         worker.start()
         sampler.start()
-        stream = generate(load_trace(), rate=events_per_s / 7.0, seconds=seconds, seed=3,
+        stream = generate(load_trace(), rate=events_per_s / EVENTS_PER_REQUEST, seconds=seconds, seed=3,
                           start_ms=int(time.time() * 1000))
         produced = asyncio.run(produce(run_settings, bootstrap, stream, paced=True, stamp=True))
         exposition = worker.scrape()
@@ -628,7 +629,6 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
     run_settings = replace(_isolated(settings, work_dir), role=role, **overrides)
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
-    events_per_request = 7.0  # lifecycle events per request incl. retries, plus replica samples: measured
     worker = WorkerProcess(run_settings, work_dir / f"{run_settings.topic_namespace}-lag-worker.log")
     try:
         worker.start()
@@ -638,7 +638,7 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
 
         # generated before the clock starts: on two cores, generating while producing took 40% of the
         # producer's core from the worker it measures (event times are stamped when sent)
-        stream = list(generate(load_trace(), rate=events_per_s / events_per_request, seconds=seconds, seed=3,
+        stream = list(generate(load_trace(), rate=events_per_s / EVENTS_PER_REQUEST, seconds=seconds, seed=3,
                                start_ms=int(time.time() * 1000)))
         gc.freeze()   # or the collector walks those events again and again, pausing the sends it times
 

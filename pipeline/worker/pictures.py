@@ -107,8 +107,8 @@ class Stage2:
         for key in self.unwanted.pop(partition, ()):
             self.table.pop(key, None)
 
-    def _unwanted(self, pool: str, key: bytes) -> None:
-        self.unwanted.setdefault(partition_of(pool.encode(), self.partitions), []).append(key)
+    def _unwanted(self, pool_key: bytes, key: bytes) -> None:
+        self.unwanted.setdefault(partition_of(pool_key, self.partitions), []).append(key)
 
     def rebuild(self, active_partitions: set[int], partitions: int) -> None:
         """States of the pools whose partials partitions this worker owns, from the (recovered) table.
@@ -130,7 +130,7 @@ class Stage2:
                 except Exception as exc:  # one bad value costs that value, never the worker (a crash loop)
                     log.warning("left out table value %r that does not parse: %s: %.200s", key[:200],
                                 type(exc).__name__, exc)
-                    self.unwanted.setdefault(partition_of(pool, self.partitions), []).append(key)
+                    self._unwanted(pool, key)
                     continue
                 if not future:
                     kept.append((key, partial))
@@ -139,7 +139,7 @@ class Stage2:
         idle = set(self.loop.rebuild([p for _, p in kept], int(self.clock() * 1000), active_ms))
         for key, partial in kept:
             if partial.pool in idle:
-                self._unwanted(partial.pool, key)
+                self._unwanted(partial.pool.encode(), key)
         log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s; %d idle pool(s) left "
                  "out", len(self.loop.states), len(kept), sorted(active_partitions), len(idle))
 
@@ -148,7 +148,7 @@ class Stage2:
         now = self.clock()
         step = self.loop.step(int(now * 1000), self.fleet)
         for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
-            self._unwanted(pool, pool.encode() + KEY_SEP + partial_id.encode())
+            self._unwanted(pool.encode(), pool.encode() + KEY_SEP + partial_id.encode())
         sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
         sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
         for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 
 from pipeline import topics
 from pipeline.admission.policy import config_from
-from pipeline.bench import bucket_quantile, histogram_buckets
+from pipeline.bench import EVENTS_PER_REQUEST, bucket_quantile, histogram_buckets
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from pipeline.sinks.store import open_store
@@ -28,7 +28,6 @@ from tests.integration.kafka_helpers import group_lag
 
 pytestmark = pytest.mark.integration
 RATE = 10_000               # events/s, paced in real time (event time = wall time)
-EVENTS_PER_REQUEST = 7.0    # lifecycle events per request plus replica samples in the replayed trace
 BASELINE_S, OUTAGE_S = 30, int(os.environ.get("SLUICE_TEST_OUTAGE_S", "150"))
 # picture lag and decision latency p99 (event time stamped when sent) during the outage: no worse than the
 # same traffic with the store up, measured in the same run (the producer saturates the 2 cores too), and
