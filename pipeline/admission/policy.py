@@ -57,7 +57,7 @@ from typing import Any, Mapping, Sequence
 from ..events import PRIORITIES
 from ..load.picture import pressure
 from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest,
-                            tenant_rates, wanted_levels)
+                            shared_level, tenant_rates, wanted_levels)
 
 STATES = ("ok", "pressured", "overloaded", "critical")
 
@@ -314,6 +314,21 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
     return dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
 
 
+def unheld_where_unabsorbed(tenants: Mapping[str, float], wanted: Mapping[str, float],
+                            by_tenant: Mapping[str, Sequence[float]], offered: Mapping[str, float], level: float,
+                            cfg: AdmissionConfig) -> dict[str, float]:
+    """Listed tenants' levels, none held by the deadband above what its share needs while the rest admit
+    all they can (their level at its floor). The deadband is symmetric for the pool's level; here it is not:
+    a tenant level held too low is paid for by a higher level for the rest, but one held too high sheds
+    work nobody else can take in, so the pool runs under the budget its level set (measured in the
+    noisy-neighbour scenario: about 1 of 62 attempts/s, every tick the deadband held)."""
+    top = len(SHED_ORDER) - cfg.critical_floor
+    if not tenants or level_for_the_rest(by_tenant, offered, level, tenants, top) > shared_level(level):
+        return dict(tenants)
+    return {name: min(held, wanted[name]) if wanted.get(name, 0.0) > level else held
+            for name, held in tenants.items()}
+
+
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
     """Siblings with headroom, weighted by it; ``cold_prefill_cost_s`` is a moved request's whole prefill there
     (routers compare it with the TTFT SLO)."""
@@ -402,6 +417,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                                cfg.fair_share_tolerance, cfg.fair_share_sigmas, _fast_window_s(picture),
                                listed=dict(previous.tenant_levels)) if cfg.tenant_fairness else {}
         tenants = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg)
+        tenants = unheld_where_unabsorbed(tenants, wanted, by_tenant, offered, level, cfg)
     rest = level_for_the_rest(by_tenant, offered, level, tenants, len(SHED_ORDER) - cfg.critical_floor)
     # in the pool level's bounded steps too: a tenant listed or dropped must not swing everyone else's
     # fractions from one tick to the next

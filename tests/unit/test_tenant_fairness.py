@@ -199,3 +199,20 @@ def test_a_listed_tenants_tasks_under_way_are_shed_after_its_new_ones_not_at_the
 def test_a_nan_fairness_knob_fails_at_start_up(knob):
     with pytest.raises(ValueError):
         config_from({knob: float("nan")})
+
+
+def test_a_tenant_level_is_not_held_above_its_share_while_nobody_else_can_take_in_what_it_sheds():
+    """The deadband holds a tenant's level against noise, but not above what its share needs while the rest
+    admit everything they offer: what the held level sheds then goes to nobody, and the pool runs under the
+    budget its own level set. The burst easing a little (a move smaller than the deadband) must give the
+    tenant back what the budget has room for, as the pool's level gives everyone without fairness."""
+    rates = {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0}
+    fair = steady(rates)
+    assert set(listed(fair)) == {"noisy"}
+    eased = {**rates, "noisy": 34.0}
+    fair = steady(eased, start=fair, ticks=4)
+    unfair = steady(eased, cfg=config_from({"tenant_fairness": False}), ticks=44)
+    assert fair.signal["admit_fraction"]["sheddable"] == 1.0   # the rest admit all they offer
+    total_fair = sum(admitted(fair, t, eased) for t in eased)
+    total_unfair = sum(admitted(unfair, t, eased) for t in eased)
+    assert total_fair == pytest.approx(total_unfair, rel=0.005)
