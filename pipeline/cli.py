@@ -304,7 +304,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
     return bench_main(_settings(), events=args.events, as_json=args.json, lag_rate=args.lag_rate,
-                      lag_seconds=args.lag_seconds, long_seconds=args.long_seconds)
+                      lag_seconds=args.lag_seconds, long_seconds=args.long_seconds, rounds=args.rounds)
+
+
+def _rounds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -419,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--long-seconds", type=float, default=600,
                        help="length of the long control-worker run, its RSS sampled over time, which stops "
                             "early at ten million events (0: skip it)")
+    bench.add_argument("--rounds", type=_rounds, default=3,
+                       help="runs of the throughput, lag and decode stages, interleaved: each figure is "
+                            "reported as their median with its spread")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.set_defaults(func=cmd_bench)
     return parser
