@@ -268,8 +268,15 @@ def long_run_figures(samples: list[tuple[float, float, float]]) -> dict:
                               samples[::every] + ([] if (len(samples) - 1) % every == 0 else samples[-1:])]}
 
 
+SCALING_EVENTS = 600_000
+
+
 def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
-    """Control-path events/s with 1..``max_workers`` control workers (each run on its own topics)."""
+    """Control-path events/s with 1..``max_workers`` control workers (each run on its own topics), over at
+    least ``SCALING_EVENTS``: workers started together still join their groups seconds apart, and one
+    worker reads a 200,000-event backlog in about that long, so a smaller run ended before every worker
+    was consuming and measured nothing (session 12)."""
+    events = max(events, SCALING_EVENTS)
     valid = _request_events(events)
     out = {}
     for workers in range(1, max_workers + 1):
