@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, config_from, decide
 from pipeline.admission.signing import sign
-from pipeline.admission.tenant_shares import MAX_LISTED, fair_shares
+from pipeline.admission.tenant_shares import MAX_LISTED, admitted_at, fair_shares
 from pipeline.load.aggregates import OTHER_TENANTS
 from pipeline.router import ADMIT, Decider, Request, SignalBook
 from tests.unit.test_admission_policy import TICK, picture
@@ -205,14 +205,28 @@ def test_a_tenant_level_is_not_held_above_its_share_while_nobody_else_can_take_i
     """The deadband holds a tenant's level against noise, but not above what its share needs while the rest
     admit everything they offer: what the held level sheds then goes to nobody, and the pool runs under the
     budget its own level set. The burst easing a little (a move smaller than the deadband) must give the
-    tenant back what the budget has room for, as the pool's level gives everyone without fairness."""
+    tenant back what the budget has room for — in the pool level's bounded steps."""
     rates = {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0}
     fair = steady(rates)
     assert set(listed(fair)) == {"noisy"}
     eased = {**rates, "noisy": 34.0}
-    fair = steady(eased, start=fair, ticks=4)
-    unfair = steady(eased, cfg=config_from({"tenant_fairness": False}), ticks=44)
+    before = dict(fair.tenant_levels)["noisy"]
+    for _ in range(4):
+        previous = dict(fair.tenant_levels)["noisy"]
+        fair = steady(eased, start=fair, ticks=1)
+        assert previous - dict(fair.tenant_levels)["noisy"] <= CFG.level_step_down + 1e-9
+    assert dict(fair.tenant_levels)["noisy"] < before
     assert fair.signal["admit_fraction"]["sheddable"] == 1.0   # the rest admit all they offer
-    total_fair = sum(admitted(fair, t, eased) for t in eased)
-    total_unfair = sum(admitted(unfair, t, eased) for t in eased)
-    assert total_fair == pytest.approx(total_unfair, rel=0.005)
+    budget = admitted_at([sum(eased.values()) * MIX[c] for c in SHED_ORDER], fair.shed_level)
+    assert sum(admitted(fair, t, eased) for t in eased) == pytest.approx(budget, rel=0.005)
+
+
+def test_while_the_rest_can_take_in_more_a_tenant_level_is_held_by_the_deadband():
+    """Where the rest are shed too (their level above its floor), a tenant level held a little high costs no
+    budget — the rest's level gives it to them — so the deadband holds it against noise as before."""
+    rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
+    fair = steady(rates)
+    assert set(listed(fair)) == {"noisy"} and fair.rest_level > 2.0   # the rest shed some standard work
+    before = dict(fair.tenant_levels)["noisy"]
+    fair = steady({**rates, "noisy": 29.0}, start=fair, ticks=4)
+    assert dict(fair.tenant_levels)["noisy"] == before
