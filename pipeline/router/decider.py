@@ -19,7 +19,7 @@ class Decider:
                  throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time) -> None:
         self.book = book
         self.rng = random.Random(seed)
-        self.fallback_static_s = fallback_static_s
+        self.fallback_static_ms = fallback_static_s * 1000   # in the unit of valid_until: no sum per call
         self.clock = clock
         self.throttle = AdaptiveThrottle(throttle_k, window_s)
         self.attempts = SlidingCounts(window_s)   # attempts, retries (for the local retry budget)
@@ -31,7 +31,7 @@ class Decider:
     def decide(self, request: Request) -> Verdict:
         now = self.clock()
         signal = self.book.signals.get(request.pool)
-        if signal is not None and now * 1000 > signal["valid_until"] + self.fallback_static_s * 1000:
+        if signal is not None and now * 1000 > signal["valid_until"] + self.fallback_static_ms:
             signal = None  # expired beyond the fail-static grace: fall back
         if signal is None:
             return self._throttle(now)

@@ -14,12 +14,14 @@ class SlidingCounts:
 
     def add(self, now_s: float, a: int = 0, b: int = 0) -> None:
         second = int(now_s)
-        if self.buckets and self.buckets[-1][0] == second:
-            self.buckets[-1][1] += a
-            self.buckets[-1][2] += b
-        else:
-            self.buckets.append([second, a, b])
-        self._trim(now_s)
+        buckets = self.buckets
+        if buckets and buckets[-1][0] == second:
+            last = buckets[-1]
+            last[1] += a
+            last[2] += b
+        else:   # expired buckets go when a new one comes (at most one a second): the router's hot path
+            buckets.append([second, a, b])
+            self._trim(now_s)
 
     def totals(self, now_s: float) -> tuple[int, int]:
         self._trim(now_s)

@@ -1,6 +1,8 @@
 """The router client's pure core: trust, decisions from signals, and the fallback."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.admission.policy import AdmissionConfig, Decision, decide
 from pipeline.admission.signing import sign
@@ -228,3 +230,22 @@ def test_routers_before_and_after_the_moves_cache_loss_move_work_alike(monkeypat
     assert ("redirect_cache_loss_fraction" in book.signals["p"]) is not predates, book.refused
     decider = Decider(book, seed=1, clock=Clock(now_ms / 1000))
     assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0)) == Redirect("q")
+
+
+@given(st.lists(st.tuples(st.floats(0, 5), st.booleans(), st.integers(0, 3), st.integers(0, 3)), max_size=200),
+       st.floats(1, 20))
+def test_sliding_counts_total_exactly_the_window_however_adds_and_reads_interleave(steps, window):
+    """Expired seconds are dropped only when a new second starts (the router's hot path adds once per
+    request), so a read must still leave out whatever has expired since the last add."""
+    from pipeline.router import SlidingCounts
+
+    counts, seen, now = SlidingCounts(window), [], 0.0
+    for gap, read, a, b in steps:   # adds and reads, in time order
+        now += gap
+        if read:
+            live = [(a, b) for second, a, b in seen if second > now - window]
+            assert counts.totals(now) == (sum(a for a, _ in live), sum(b for _, b in live))
+        else:
+            counts.add(now, a, b)
+            seen.append((int(now), a, b))
+    assert len(counts.buckets) <= window + 2
