@@ -13,6 +13,10 @@ rows into a copy of the table with no view and no deduplication; landing lag
 Landing under a query: the latency of each such insert while an analyst's
 query runs through the store's read-only path, against the same inserts
 without it.
+
+The stages that are ratios of short runs repeat ``--rounds`` times,
+interleaved, and print medians with their spread (``over_rounds``): one run
+on a shared two-core machine moves by more than most changes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import asyncio
 import gc
 import json
 import os
-import resource
 import socket
 import statistics
 import threading
@@ -159,7 +162,6 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
         "partitions": run_settings.topic_partitions,
         "batch_max": run_settings.ingest_batch_max,
         "store": None if role == "control" else ("server" if run_settings.clickhouse_url else "chdb"),
-        "bench_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
@@ -273,8 +275,8 @@ SCALING_EVENTS = 600_000
 
 def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: int = 3) -> dict:
     """Control-path events/s with 1..``max_workers`` control workers (each run on its own topics), over at
-    least ``SCALING_EVENTS``: workers started together still join their groups seconds apart, and one
-    worker reads a 200,000-event backlog in about that long, so a smaller run ended before every worker
+    least ``SCALING_EVENTS``: workers started together still join their groups up to a few seconds apart,
+    and one worker reads a 200,000-event backlog in about five, so a smaller run ended before every worker
     was consuming and measured nothing (session 12)."""
     events = max(events, SCALING_EVENTS)
     valid = _request_events(events)
@@ -286,6 +288,7 @@ def bench_scaling(settings: Settings, events: int, work_dir: Path, max_workers: 
     for workers in range(2, max_workers + 1):
         value = out[f"control_workers_{workers}_events_per_s"]
         out[f"speedup_{workers}_vs_1"] = round(value / base, 2) if base and value else None
+    out["events"] = events
     out["cores"] = os.cpu_count()
     return out
 
@@ -684,18 +687,24 @@ def bench_picture_lag(settings: Settings, events_per_s: float, seconds: float, w
 
 
 def over_rounds(runs: list[dict]) -> dict:
-    """One stage's figures over several runs of it: every number that varied as its median, with its
-    spread (lowest, highest) beside it, so one noisy run on a shared two-core machine is not read as a
-    change. Figures that did not vary, and anything not a number, are shown once."""
+    """One stage's figures over several runs of it: every number that varied as its median (the middle
+    run's, ``median_low``: a figure some run measured, not an average of two), with its spread [lowest,
+    highest] beside it, so one noisy run on a shared two-core machine is not read as a change. A figure
+    that some runs could not measure (``None``, or absent) says in how many it was, ``<figure>_measured``;
+    figures that did not vary, and anything not a number, are shown once."""
     out: dict[str, Any] = {"rounds": len(runs)}
-    for key in runs[0]:
+    keys = list(dict.fromkeys(key for run in runs for key in run))
+    for key in keys:
         values = [run.get(key) for run in runs]
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if len(numbers) == len(values) and min(numbers) != max(numbers):
-            out[key] = statistics.median(numbers)
-            out[f"{key}_spread"] = [min(numbers), max(numbers)]
+        if len(numbers) < len(values) and any(v is None for v in values):
+            out[f"{key}_measured"] = f"{len(numbers)}/{len(values)}"
+        if numbers and len(numbers) == len([v for v in values if v is not None]):
+            out[key] = statistics.median_low(numbers)
+            if min(numbers) != max(numbers):
+                out[f"{key}_spread"] = [min(numbers), max(numbers)]
         else:
-            out[key] = values[0]
+            out[key] = next((v for v in values if v is not None), None)
     return out
 
 
@@ -707,9 +716,11 @@ def print_table(figures: dict) -> None:
 
 def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_seconds: float,
          long_seconds: float = 600.0, rounds: int = 3) -> int:
-    """Every stage; the throughput, lag and decode stages ``rounds`` times, interleaved (a slow stretch of
-    the machine then touches every stage's spread, not one stage's median), each reported as the median
-    and spread of its runs. Scaling, the LiteLLM hook and the long run once: they are long or not ratios."""
+    """Every stage; the single-worker throughput, lag, landing and decode stages ``rounds`` times,
+    interleaved (a slow stretch of the machine then touches every stage's spread, not one stage's
+    median), each reported as the median and spread of its runs. Once: the scaling run (three workers'
+    worth of minutes), landing under a query (its own 240 timed inserts are the sample), the LiteLLM
+    hook (its p50/p99 are over 20,000 calls) and the long run (ten minutes)."""
     if rounds < 1:
         raise ValueError("bench: rounds must be at least 1")
     work_dir = settings.state_dir / "bench"
@@ -719,6 +730,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
         "landing_path": lambda: bench_ingest(settings, events, work_dir, "landing"),
         "landing": lambda: bench_landing(events, settings.sink_block_rows, work_dir),
         "picture_and_decision_lag": lambda: bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
+        "lag_with_landing_in_the_same_worker": lambda: bench_picture_lag(settings, lag_rate, lag_seconds, work_dir,
+                                                                         role="all"),
         "decode_and_fold": bench_decode,
         "router_decide": bench_decide,
     }
@@ -730,8 +743,6 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
     figures |= {"control_scaling": bench_scaling(settings, events, work_dir),
                 "landing_under_query": bench_landing_under_query(settings.sink_block_rows, work_dir,
                                                                  settings.store_fsync),
-                "lag_with_landing_in_the_same_worker": bench_picture_lag(settings, lag_rate, lag_seconds, work_dir,
-                                                                         role="all"),
                 "litellm_hook": bench_litellm_hook(settings)}
     if long_seconds > 0:
         figures["control_long_run"] = bench_long_run(settings, work_dir, long_seconds)

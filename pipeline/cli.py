@@ -307,7 +307,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       lag_seconds=args.lag_seconds, long_seconds=args.long_seconds, rounds=args.rounds)
 
 
-def _rounds(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("at least 1")
@@ -420,13 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_sim)
 
     bench = sub.add_parser("bench", help="measure stage figures against a baseline in the same run")
-    bench.add_argument("--events", type=int, default=200_000, help="events to push through ingest")
+    bench.add_argument("--events", type=int, default=200_000,
+                       help="events to push through ingest (the scaling run takes at least 600,000)")
     bench.add_argument("--lag-rate", type=float, default=10000, help="events/s for the lag stage")
     bench.add_argument("--lag-seconds", type=float, default=30, help="seconds of real-time traffic for it")
     bench.add_argument("--long-seconds", type=float, default=600,
                        help="length of the long control-worker run, its RSS sampled over time, which stops "
                             "early at ten million events (0: skip it)")
-    bench.add_argument("--rounds", type=_rounds, default=3,
+    bench.add_argument("--rounds", type=positive_int, default=3,
                        help="runs of the throughput, lag and decode stages, interleaved: each figure is "
                             "reported as their median with its spread")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -16,11 +16,22 @@ def test_a_figure_that_varied_is_its_median_with_its_spread_and_one_that_did_not
     assert "workers_spread" not in figures and "role_spread" not in figures
 
 
-def test_a_figure_missing_from_one_round_is_not_summarised_as_if_it_were_there():
-    """A run that could not measure (``None``: the workers never all consumed) is not a zero to take a
-    median over: the figure is shown as the first run's, with no spread invented."""
-    figures = over_rounds([{"worker_events_per_s": None}, {"worker_events_per_s": 30_000}])
-    assert figures["worker_events_per_s"] is None and "worker_events_per_s_spread" not in figures
+def test_a_round_that_could_not_measure_a_figure_is_counted_not_hidden():
+    """A run that could not measure (``None``: the workers never all consumed; or the figure absent) is not
+    a zero to take a median over, nor hidden: the median is over the runs that measured, and the figure
+    says how many did."""
+    figures = over_rounds([{"events_per_s": 30_000}, {"events_per_s": None}, {"events_per_s": 20_000}])
+    assert figures["events_per_s"] == 20_000 and figures["events_per_s_spread"] == [20_000, 30_000]
+    assert figures["events_per_s_measured"] == "2/3"
+    figures = over_rounds([{"events_per_s": None}, {"events_per_s": 30_000, "late": 1}])
+    assert figures["events_per_s"] == 30_000 and figures["events_per_s_measured"] == "1/2"
+    assert figures["late"] == 1 and figures["late_measured"] == "1/2"
+    assert over_rounds([{"p99": None}, {"p99": None}]) == {"rounds": 2, "p99": None, "p99_measured": "0/2"}
+
+
+def test_an_even_number_of_rounds_reports_a_figure_one_of_them_measured():
+    figures = over_rounds([{"ratio": 0.1}, {"ratio": 0.2}])
+    assert figures["ratio"] == 0.1 and figures["ratio_spread"] == [0.1, 0.2]
 
 
 def test_one_round_is_that_round():
