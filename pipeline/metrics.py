@@ -79,6 +79,13 @@ PARTIALS_REFUSED = Counter("sluice_partials_refused_total",
                            "Partials stage 2 ignored because their events are ahead of its clock.", registry=REGISTRY)
 PARTIALS_DUPLICATE = Counter("sluice_partials_duplicate_total",
                              "Redelivered partials stage 2 recognised by id and skipped.", registry=REGISTRY)
+PARTIALS_REREAD = Counter("sluice_partials_reread_total",
+                          "Partials a rebuild merged from the partials topic that the changelog table lacked: "
+                          "a backlog not yet merged at the rebalance, or records the stream skipped.",
+                          registry=REGISTRY)
+REREAD_INCOMPLETE = Counter("sluice_rebuild_reread_incomplete_total",
+                            "Rebuilds whose re-read of the partials topic failed or timed out (rebuilt from "
+                            "the table and what was read).", registry=REGISTRY)
 PICTURE_LAG = Histogram("sluice_picture_lag_seconds",
                         "Newest folded event time to picture publication (wall clock), by pool.",
                         buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30), registry=REGISTRY)

@@ -24,6 +24,34 @@ async def open_from_beginning(bootstrap: str, topic: str, **options: Any) -> tup
         raise
 
 
+async def read_since(bootstrap: str, topic: str, partitions: set[int], since_ms: int, timeout_s: float,
+                     **options: Any) -> tuple[list[Any], bool]:
+    """Every record of ``partitions`` with a timestamp from ``since_ms`` up to the end offsets now, and
+    whether they were all read before ``timeout_s`` ran out (a partial list otherwise)."""
+    records: list[Any] = []
+    if not partitions:
+        return records, True
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **options)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            parts = [TopicPartition(topic, p) for p in sorted(partitions)]
+            starts = await consumer.offsets_for_times({tp: since_ms for tp in parts})
+            ends = await consumer.end_offsets(parts)
+            wanted = {tp: ends[tp] for tp in parts if starts.get(tp) is not None}  # None: nothing that recent
+            consumer.assign(list(wanted))
+            for tp in wanted:
+                consumer.seek(tp, starts[tp].offset)
+            await read_to_end(consumer, wanted, lambda batch: records.extend(
+                r for tp, recs in batch.items() for r in recs if r.offset < wanted[tp]))
+        return records, True
+    except TimeoutError:
+        return records, False
+    finally:
+        await consumer.stop()
+
+
 async def read_to_end(consumer: AIOKafkaConsumer, ends: dict, on_batch: Callable[[dict], None],
                       timeout_s: float | None = None) -> bool:
     """Feed ``on_batch`` until every partition reaches its end offset; False if ``timeout_s`` ran out."""

@@ -27,6 +27,7 @@ class TopicSpec:
     raw: bool = False
     dead_letter: bool = False
     max_bytes: int = 0  # max.message.bytes, when declared here (raw and dead-letter topics derive theirs)
+    broker_time: bool = False  # records stamped with the broker's clock (LogAppendTime), not the producer's
 
     def name(self, settings: Settings) -> str:
         ns = settings.topic_namespace
@@ -45,6 +46,8 @@ class TopicSpec:
             cfg["max.message.bytes"] = str(dead_letter_max_bytes(settings))
         if self.max_bytes:
             cfg["max.message.bytes"] = str(self.max_bytes)
+        if self.broker_time:
+            cfg["message.timestamp.type"] = "LogAppendTime"
         return cfg | replication_config(settings)
 
 
@@ -84,7 +87,8 @@ def partial_budget_bytes() -> int:
 
 REQUESTS = TopicSpec("sluice.requests.v1", key="task_id", raw=True)
 REPLICAS = TopicSpec("sluice.replicas.v1", key="replica_id", raw=True)
-PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS, max_bytes=1 << 20)
+# broker time: stage 2 finds where a rebuild's re-read starts by record time, which no worker's clock may skew
+PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS, max_bytes=1 << 20, broker_time=True)
 LOAD = TopicSpec("sluice.load.v1", key="pool", compacted=True)
 ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True)
 DEADLETTER = TopicSpec("sluice.deadletter.v1", key="source topic/partition/offset",

@@ -120,10 +120,12 @@ def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_lette
 
     @app.on_rebalance_complete.connect
     async def after_recovery(sender: Any, **kwargs: Any) -> None:
-        """The table has just been recovered from its changelog: rebuild the pools this worker now owns."""
+        """The table has just been recovered from its changelog: rebuild the pools this worker now owns,
+        with what the partials topic holds that the table lacks."""
         name = topics.PARTIALS.name(settings)
         active = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == name}
-        stage2.rebuild(active, topics.PARTIALS.partitions(settings))
+        reread = await stage2.reread(bootstrap, active)  # streams resume only after this handler
+        stage2.rebuild(active, topics.PARTIALS.partitions(settings), reread)
 
     @app.task
     async def control_loop() -> None:

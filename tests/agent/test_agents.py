@@ -740,3 +740,44 @@ def test_the_workers_own_producer_is_idempotent_and_waits_for_every_in_sync_repl
     assert producer._txn_manager is not None                 # aiokafka's idempotence state
     assert producer.client._bootstrap_servers == ["127.0.0.1:9"]
     assert app.producer._settings_default()["acks"] == -1
+
+
+def test_a_rebuild_merges_partials_the_stream_skipped_from_the_reread_topic(app):
+    """Faust's stream can commit past partials it never handed to the agent (a rebalance): they are on the
+    partials topic but not in the table. The rebuild merges them once, and only for partitions it owns."""
+    from pipeline import metrics
+    from pipeline.worker.pictures import KEY_SEP, partition_of, stored
+
+    stage2 = app.stage2
+    now_s = 1_700_000_100.0
+    stage2.clock = lambda: now_s
+    mine = partition_of(b"llama-70b-a", 2)
+    other = next(f"pool-{i}" for i in range(100) if partition_of(f"pool-{i}".encode(), 2) != mine)
+    idle = next(f"pool-{i}" for i in range(100) if partition_of(f"pool-{i}".encode(), 2) == mine)
+    now_ms = int(now_s * 1000)
+    merged = pool_partial("llama-70b-a", "raw/0", now_ms - 2000)
+    skipped = pool_partial("llama-70b-a", "raw/1", now_ms - 1000)
+    stage2.table = {b"llama-70b-a" + KEY_SEP + b"raw/0/1": stored(merged, now_ms - 1500)}
+    idle_ms = now_ms - stage2.loop.pool_idle_ms - 1000
+    reread = [(merged, now_ms - 1900), (skipped, now_ms - 900), (b"not a partial", now_ms),
+              (pool_partial(other, "raw/2", now_ms - 1000), now_ms - 900),     # another worker's pool
+              (pool_partial(idle, "raw/3", idle_ms), idle_ms)]                 # forgotten long ago
+    before = metrics.PARTIALS_REREAD._value.get()
+    stage2.rebuild({mine}, 2, reread)
+    assert set(stage2.loop.states) == {"llama-70b-a"}
+    state = stage2.loop.states["llama-70b-a"]
+    assert state.partials_merged == 2 and state.watermark_ms == now_ms - 1000
+    assert metrics.PARTIALS_REREAD._value.get() - before == 1
+
+
+def test_a_rebuild_whose_reread_fails_goes_on_from_the_table(app, monkeypatch):
+    """No broker at the re-read: the rebuild is not held up past the re-read's bound nor crashed, and the
+    failure is counted."""
+    from pipeline import metrics
+    from pipeline.worker import pictures
+
+    monkeypatch.setattr(pictures, "REREAD_TIMEOUT_S", 2.0)
+    before = metrics.REREAD_INCOMPLETE._value.get()
+    reread = asyncio.run(asyncio.wait_for(app.stage2.reread("127.0.0.1:9", {0, 1}), 10))
+    assert reread == []
+    assert metrics.REREAD_INCOMPLETE._value.get() - before == 1

@@ -144,3 +144,48 @@ def test_partials_are_cut_and_merged_every_cut_interval_not_every_tick(settings,
 
     text = wait_for(merged, 30, message="partials cut and merged before the first tick")
     assert counter_total(text, "sluice_partials_published_total") > 0
+
+
+def test_partials_the_stage2_group_committed_past_are_merged_at_the_rebuild(settings, worker_factory):
+    """Faust's stream can commit past partials it never handed to the agent (the scale-out test lost 292
+    across a rebalance, and the 300 s goodput with them). Here the group's offsets are put past published
+    partials before the worker starts: its rebuild re-reads them from the partials topic, each counted once."""
+    from aiokafka import AIOKafkaProducer
+
+    from pipeline.events import RequestEvent
+    from pipeline.load.partial import PartialBuilder
+    from pipeline.sim.specimens import request_event
+    from tests.integration.kafka_helpers import rewind_group
+
+    bootstrap = settings.kafka_bootstrap_servers
+    now_ms = int(time.time() * 1000)
+    partials = []
+    for i in range(5):
+        builder = PartialBuilder(f"raw/{i}", settings.replica_stale_after_s)
+        builder.fold_request(RequestEvent(**request_event(task_id=f"t{i}", event_time=now_ms - (5 - i) * 1000)))
+        partials += builder.drain(f"{i}-{i}")
+
+    async def publish_then_skip():
+        await topics.ensure_topics(settings, bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            for partial in partials:
+                await producer.send_and_wait(topics.PARTIALS.name(settings), partial.to_bytes(),
+                                             key=partial.pool.encode())
+        finally:
+            await producer.stop()
+        return await rewind_group(bootstrap, settings.app_id, [topics.PARTIALS.name(settings)],
+                                  to=lambda tp, end: end)
+
+    committed = run(publish_then_skip())
+    assert sum(committed.values()) == len(partials)
+    worker = worker_factory(settings, role="control").start()
+
+    def picture():
+        return run(latest_pictures(settings, bootstrap)).get("llama-70b-a")
+
+    seen = wait_for(picture, 60, message="a picture of the pool whose partials the group had skipped")
+    assert seen["partials_merged"] == len(partials)
+    assert seen["rates"]["completed_rps"] == pytest.approx(4 / FAST)  # the watermark's own second is open
+    assert counter_total(worker.scrape(), "sluice_partials_reread_total") == len(partials)
