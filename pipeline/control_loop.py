@@ -69,6 +69,7 @@ class ControlLoop:
         self.pool_idle_ms = pool_idle_ms    # a pool with no event for this long is forgotten
         self.refused_pools = 0              # partials of new pools refused at max_pools
         self.refused_replicas = 0           # replica entries refused at a pool's max_replicas
+        self.unmergeable: set[str] = set()  # ids of partials the last rebuild left out: their merge raised
         self.active_ms: dict[str, int] = {}  # when (the caller's clock) each pool last merged a partial
         self.merged: set[str] = set()        # pools that merged a partial since the last step
 
@@ -98,10 +99,13 @@ class ControlLoop:
         active now."""
         partials = list(partials)
         idle = sorted({p.pool for p in partials if now_ms - active_ms.get(p.pool, now_ms) > self.pool_idle_ms})
-        self.states = {}
+        self.states, self.unmergeable = {}, set()
         for partial in sorted(partials, key=lambda p: p.newest_ms):
             if partial.pool not in idle:
-                self.merge(partial)
+                try:
+                    self.merge(partial)
+                except Exception:  # one partial costs itself, never the rebuild (a crash loop on every owner)
+                    self.unmergeable.add(partial.id)
         self.changed = set(self.states)
         self.merged = set()
         self.active_ms = {pool: active_ms.get(pool, now_ms) for pool in self.states}

@@ -25,29 +25,38 @@ async def open_from_beginning(bootstrap: str, topic: str, **options: Any) -> tup
 
 
 async def read_since(bootstrap: str, topic: str, partitions: set[int], since_ms: int, timeout_s: float,
-                     **options: Any) -> tuple[list[Any], bool]:
-    """Every record of ``partitions`` with a timestamp from ``since_ms`` up to the end offsets now, and
-    whether they were all read before ``timeout_s`` ran out (a partial list otherwise)."""
-    records: list[Any] = []
+                     keep: Callable[[Any], Any], into: list, **options: Any) -> bool:
+    """``keep(record)`` of every record of ``partitions`` with a timestamp from ``since_ms`` up to the end
+    offsets now, appended to ``into`` unless None; False if ``timeout_s`` ran out first (then ``into``
+    holds what was read, from the oldest)."""
     if not partitions:
-        return records, True
+        return True
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **options)
+    wanted: dict[TopicPartition, int] = {}
+
+    def take(batch: dict) -> None:
+        for tp, records in batch.items():
+            for record in records:
+                if record.offset < wanted[tp] and record.value is not None:
+                    kept = keep(record)
+                    if kept is not None:
+                        into.append(kept)
+
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
             parts = [TopicPartition(topic, p) for p in sorted(partitions)]
             starts = await consumer.offsets_for_times({tp: since_ms for tp in parts})
             ends = await consumer.end_offsets(parts)
-            wanted = {tp: ends[tp] for tp in parts if starts.get(tp) is not None}  # None: nothing that recent
+            wanted.update({tp: ends[tp] for tp in parts if starts.get(tp) is not None})  # None: none so recent
             consumer.assign(list(wanted))
             for tp in wanted:
                 consumer.seek(tp, starts[tp].offset)
-            await read_to_end(consumer, wanted, lambda batch: records.extend(
-                r for tp, recs in batch.items() for r in recs if r.offset < wanted[tp]))
-        return records, True
+            await read_to_end(consumer, wanted, take)
+        return True
     except TimeoutError:
-        return records, False
+        return False
     finally:
         await consumer.stop()
 

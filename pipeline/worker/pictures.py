@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
 REREAD_MARGIN_S = 60.0   # a rebuild re-reads partials published this much before the cost window's horizon
 REREAD_TIMEOUT_S = 30.0  # and gives up on the re-read after this long (streams wait for the rebuild)
+Reread = tuple[Partial, bytes, int]  # a partial the table lacks, as published, and its broker time (ms)
 
 
 def control_loop(settings: Settings) -> ControlLoop:
@@ -68,13 +69,16 @@ class Stage2:
         self.max_ahead_ms = int(settings.max_clock_skew_s * 1000)
         self.partitions = topics.PARTIALS.partitions(settings)
         self.unwanted: dict[int, list[bytes]] = {}  # partials partition → table keys to delete there
+        self.unwritten: dict[int, dict[bytes, tuple[str, str, bytes]]] = {}  # → key: (pool, id, value) to write
         self.clock = time.time
 
-    def _from_the_future(self, partial: Partial) -> bool:
+    def _from_the_future(self, partial: Partial, quiet: bool = False) -> bool:
         """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
         times were bounded) would move the pool's watermark and make every real event late."""
         if partial.newest_ms <= self.clock() * 1000 + self.max_ahead_ms:
             return False
+        if quiet:
+            return True
         log.warning("ignored partial %s of pool %s: newest event time %d is ahead of the clock", partial.id,
                     partial.pool, partial.newest_ms)
         metrics.PARTIALS_REFUSED.inc()
@@ -87,7 +91,7 @@ class Stage2:
     def merge(self, partial: Partial, raw: bytes) -> None:
         """Called inside stream iteration, so table writes go to the partial's own partition.
         ``raw`` is the partial as received: it is what the changelog keeps, with when it was merged."""
-        self._delete_unwanted(partial)
+        self._apply_queued(partial)
         if self._from_the_future(partial):
             return
         refused = self.loop.refused_pools
@@ -99,34 +103,40 @@ class Stage2:
                 metrics.PARTIALS_DUPLICATE.inc()
             return
         metrics.PARTIALS_MERGED.inc()
+        self.table[table_key(partial)] = stored(raw, int(self.clock() * 1000))
         pool_key = partial.pool.encode() + KEY_SEP
-        self.table[pool_key + partial.id.encode()] = stored(raw, int(self.clock() * 1000))
         for partial_id in evicted:
             self.table.pop(pool_key + partial_id.encode(), None)
 
-    def _delete_unwanted(self, partial: Partial) -> None:
-        """Delete the keys queued for the partition this merge writes to: the current event's (outside a
-        stream, where tests call this, the partial's pool's)."""
+    def _apply_queued(self, partial: Partial) -> None:
+        """Apply the table changes queued for the partition this merge writes to (the current event's;
+        outside a stream, where tests call this, the partial's pool's): deletions, and partials a rebuild
+        merged from the topic that are still in their pool's window."""
         event = current_event()
         partition = event.message.partition if event is not None else partition_of(partial.pool.encode(),
                                                                                     self.partitions)
         for key in self.unwanted.pop(partition, ()):
             self.table.pop(key, None)
+        for key, (pool, partial_id, value) in self.unwritten.pop(partition, {}).items():
+            state = self.loop.states.get(pool)
+            if state is not None and partial_id in state.seen:
+                self.table[key] = value
 
     def _unwanted(self, pool_key: bytes, key: bytes) -> None:
         self.unwanted.setdefault(partition_of(pool_key, self.partitions), []).append(key)
 
-    def rebuild(self, active_partitions: set[int], partitions: int, reread: list[tuple[bytes, int]] = ()) -> None:
+    def rebuild(self, active_partitions: set[int], partitions: int, reread: list[Reread] = ()) -> None:
         """States of the pools whose partials partitions this worker owns, from the (recovered) table and
-        ``reread``: the partials topic's recent records of those partitions, (value, broker time ms).
+        ``reread``: partials of those partitions on the partials topic that the table lacks.
 
         The table also holds standby copies of other workers' partitions:
         those pools are left out, or two workers would publish for one pool.
         A pool idle past ``pool_idle_s`` is not rebuilt, and its partials are queued for deletion.
-        A reread partial the table lacks was published but never merged (a partial id counts once).
+        A reread partial still in its pool's window after the rebuild is queued for the table, so the
+        next rebuild finds it there.
         """
-        self.unwanted = {}  # queued for partitions this worker may no longer own: found again below
-        kept, active_ms, in_table = [], {}, set()
+        self.unwanted, self.unwritten = {}, {}  # queued for partitions this worker may no longer own
+        kept, active_ms, keys = [], {}, set()
         for key, value in list(self.table.items()):
             pool = key.split(KEY_SEP, 1)[0]
             if partition_of(pool, partitions) in active_partitions:
@@ -139,58 +149,72 @@ class Stage2:
                                 type(exc).__name__, exc)
                     self._unwanted(pool, key)
                     continue
-                in_table.add((partial.pool, partial.id))
-                self._keep(partial, merged_ms, key, kept, active_ms)
-        for value, timestamp_ms in reread:
-            try:
-                partial = Partial.from_bytes(value)
-            except Exception:  # counted when the stream met it: not again
+                keys.add(key)
+                if not self._from_the_future(partial):
+                    kept.append((key, partial))
+                    if merged_ms is not None:
+                        active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
+        found = []
+        for partial, raw, broker_ms in reread:
+            key = table_key(partial)
+            if key in keys or partition_of(partial.pool.encode(), partitions) not in active_partitions \
+                    or self._from_the_future(partial, quiet=True):  # the stream counted it when it met it
                 continue
-            if (partial.pool, partial.id) in in_table or \
-                    partition_of(partial.pool.encode(), partitions) not in active_partitions:
-                continue
-            in_table.add((partial.pool, partial.id))
-            self._keep(partial, timestamp_ms, None, kept, active_ms)
+            keys.add(key)
+            kept.append((None, partial))
+            active_ms[partial.pool] = max(broker_ms, active_ms.get(partial.pool, 0))
+            found.append((key, partial, stored(raw, broker_ms)))
         idle = set(self.loop.rebuild([p for _, p in kept], int(self.clock() * 1000), active_ms))
-        missing = 0
         for key, partial in kept:
-            if partial.pool not in idle:
-                missing += key is None
-            elif key is not None:
+            if partial.pool in idle and key is not None:
                 self._unwanted(partial.pool.encode(), key)
+        missing = 0
+        for key, partial, value in found:
+            state = self.loop.states.get(partial.pool)
+            if state is not None and partial.id in state.seen and partial.id not in self.loop.unmergeable:
+                missing += 1
+                queued = self.unwritten.setdefault(partition_of(partial.pool.encode(), partitions), {})
+                queued[key] = (partial.pool, partial.id, value)
         metrics.PARTIALS_REREAD.inc(missing)
-        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s (%d found only on the "
-                 "partials topic); %d idle pool(s) left out", len(self.loop.states), len(kept),
+        if self.loop.unmergeable:
+            log.warning("rebuild left out %d partial(s) whose merge raised: %.200s", len(self.loop.unmergeable),
+                        sorted(self.loop.unmergeable))
+        log.info("stage 2 rebuilt %d pool picture(s) from %d partial(s) of partitions %s (%d in the window found "
+                 "only on the partials topic); %d idle pool(s) left out", len(self.loop.states), len(kept),
                  sorted(active_partitions), missing, len(idle))
 
-    def _keep(self, partial: Partial, merged_ms: int | None, key: bytes | None, kept: list, active_ms: dict) -> None:
-        if not self._from_the_future(partial):
-            kept.append((key, partial))
-            if merged_ms is not None:
-                active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
-
-    async def reread(self, bootstrap: str, active_partitions: set[int]) -> list[tuple[bytes, int]]:
-        """The partials topic's records of ``active_partitions`` still inside the cost window, for a rebuild.
+    async def reread(self, bootstrap: str, active_partitions: set[int]) -> list[Reread]:
+        """The partials topic's partials of ``active_partitions`` from about the cost window back that the
+        table lacks, for a rebuild.
 
         The changelog table holds what the stream merged, and Faust's stream can skip records across a
         rebalance (its committed offset passes partials it never handed to the agent): the topic itself is
-        what was published. Broker timestamps (the topic's LogAppendTime) place the start; a failure or
-        timeout leaves the rebuild to the table and whatever was read, loudly."""
+        what was published. Call it while the streams are paused (the rebalance handler), so the table
+        stands still; a failure or timeout leaves the rebuild to the table and whatever was read, loudly."""
         s = self.settings
         horizon_s = s.cost_window_s + s.allowed_lateness_s + s.max_clock_skew_s + REREAD_MARGIN_S
         since_ms = int((self.clock() - horizon_s) * 1000)
-        records: list = []
+        known = set(self.table.keys())
+
+        def lacking(record: Any) -> Reread | None:
+            try:
+                partial = Partial.from_bytes(record.value)
+            except Exception:  # the stream dead-ends it when it meets it
+                return None
+            return None if table_key(partial) in known else (partial, record.value, record.timestamp)
+
+        found: list[Reread] = []
         try:
-            records, complete = await read_since(bootstrap, topics.PARTIALS.name(s), active_partitions, since_ms,
-                                                 REREAD_TIMEOUT_S, **client_options(s))
+            complete = await read_since(bootstrap, topics.PARTIALS.name(s), active_partitions, since_ms,
+                                        REREAD_TIMEOUT_S, lacking, found, **client_options(s))
         except Exception as exc:
             complete = False
             log.warning("rebuild could not re-read the partials topic: %s: %.200s", type(exc).__name__, exc)
         if not complete:
             metrics.REREAD_INCOMPLETE.inc()
-            log.warning("rebuild re-read %d partial(s) of partitions %s before giving up: a partial the "
-                        "stream skipped may be missing from the pictures", len(records), sorted(active_partitions))
-        return [(r.value, r.timestamp) for r in records if r.value is not None]
+            log.warning("rebuild's re-read of partitions %s gave up with %d partial(s) the table lacks: one the "
+                        "stream skipped may be missing from the pictures", sorted(active_partitions), len(found))
+        return found
 
     async def publish(self) -> int:
         """One step of the control loop; its pictures and signals go out, and into the metrics."""
@@ -233,6 +257,10 @@ def unstored(value: bytes) -> tuple[Partial, int | None]:
     if isinstance(data.get("merged_ms"), int) and "partial" in data:
         return Partial.from_dict(data["partial"]), data["merged_ms"]
     return Partial.from_dict(data), None
+
+
+def table_key(partial: Partial) -> bytes:
+    return partial.pool.encode() + KEY_SEP + partial.id.encode()
 
 
 def partition_of(pool_key: bytes, partitions: int) -> int:

@@ -744,9 +744,11 @@ def test_the_workers_own_producer_is_idempotent_and_waits_for_every_in_sync_repl
 
 def test_a_rebuild_merges_partials_the_stream_skipped_from_the_reread_topic(app):
     """Faust's stream can commit past partials it never handed to the agent (a rebalance): they are on the
-    partials topic but not in the table. The rebuild merges them once, and only for partitions it owns."""
+    partials topic but not in the table. The rebuild merges them once, only for partitions it owns, and
+    they reach the table at the partition's next merge, so the rebuild after that finds them there."""
     from pipeline import metrics
-    from pipeline.worker.pictures import KEY_SEP, partition_of, stored
+    from pipeline.load.partial import Partial
+    from pipeline.worker.pictures import KEY_SEP, control_loop, partition_of, stored
 
     stage2 = app.stage2
     now_s = 1_700_000_100.0
@@ -755,19 +757,32 @@ def test_a_rebuild_merges_partials_the_stream_skipped_from_the_reread_topic(app)
     other = next(f"pool-{i}" for i in range(100) if partition_of(f"pool-{i}".encode(), 2) != mine)
     idle = next(f"pool-{i}" for i in range(100) if partition_of(f"pool-{i}".encode(), 2) == mine)
     now_ms = int(now_s * 1000)
-    merged = pool_partial("llama-70b-a", "raw/0", now_ms - 2000)
-    skipped = pool_partial("llama-70b-a", "raw/1", now_ms - 1000)
-    stage2.table = {b"llama-70b-a" + KEY_SEP + b"raw/0/1": stored(merged, now_ms - 1500)}
+    merged = pool_partial("llama-70b-a", "raw/0", now_ms - 3000)
+    skipped = pool_partial("llama-70b-a", "raw/1", now_ms - 2000)
+    bad_merge = orjson.loads(pool_partial("llama-70b-a", "raw/5", now_ms - 3000))
+    bad_merge["requests"][str(now_s - 3)[:-2]]["events"] = "x"   # parses, and raises in the merge
+    stage2.table = {b"llama-70b-a" + KEY_SEP + b"raw/0/1": stored(merged, now_ms - 2500)}
     idle_ms = now_ms - stage2.loop.pool_idle_ms - 1000
-    reread = [(merged, now_ms - 1900), (skipped, now_ms - 900), (b"not a partial", now_ms),
-              (pool_partial(other, "raw/2", now_ms - 1000), now_ms - 900),     # another worker's pool
-              (pool_partial(idle, "raw/3", idle_ms), idle_ms)]                 # forgotten long ago
+    reread = [(Partial.from_bytes(raw), raw, broker_ms) for raw, broker_ms in (
+        (merged, now_ms - 2900), (skipped, now_ms - 1900), (skipped, now_ms - 1800),  # stage 1 repeated a cut
+        (pool_partial(other, "raw/2", now_ms - 1000), now_ms - 900),     # another worker's pool
+        (pool_partial(idle, "raw/3", idle_ms), idle_ms),                 # forgotten long ago
+        (pool_partial("llama-70b-a", "raw/4", now_ms + 3_600_000), now_ms),  # from the future
+        (orjson.dumps(bad_merge), now_ms - 1000))]
     before = metrics.PARTIALS_REREAD._value.get()
     stage2.rebuild({mine}, 2, reread)
     assert set(stage2.loop.states) == {"llama-70b-a"}
     state = stage2.loop.states["llama-70b-a"]
-    assert state.partials_merged == 2 and state.watermark_ms == now_ms - 1000
+    assert {"raw/0/1", "raw/1/1"} <= set(state.seen) and state.watermark_ms == now_ms - 2000
+    assert stage2.loop.unmergeable == {"raw/5/1"}
     assert metrics.PARTIALS_REREAD._value.get() - before == 1
+    assert b"llama-70b-a" + KEY_SEP + b"raw/1/1" not in stage2.table  # no table write outside a stream
+    stage2.merge(Partial.from_bytes(next_one := pool_partial("llama-70b-a", "raw/6", now_ms - 1000)), next_one)
+    assert b"llama-70b-a" + KEY_SEP + b"raw/1/1" in stage2.table
+    assert b"llama-70b-a" + KEY_SEP + b"raw/5/1" not in stage2.table
+    stage2.loop = control_loop(app.control.settings)
+    stage2.rebuild({mine}, 2)
+    assert set(stage2.loop.states["llama-70b-a"].seen) == {"raw/0/1", "raw/1/1", "raw/6/1"}
 
 
 def test_a_rebuild_whose_reread_fails_goes_on_from_the_table(app, monkeypatch):

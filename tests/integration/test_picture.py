@@ -188,4 +188,4 @@ def test_partials_the_stage2_group_committed_past_are_merged_at_the_rebuild(sett
     seen = wait_for(picture, 60, message="a picture of the pool whose partials the group had skipped")
     assert seen["partials_merged"] == len(partials)
     assert seen["rates"]["completed_rps"] == pytest.approx(4 / FAST)  # the watermark's own second is open
-    assert counter_total(worker.scrape(), "sluice_partials_reread_total") == len(partials)
+    assert counter_total(worker.scrape(), "sluice_partials_reread_total") >= len(partials)  # once per rebuild

@@ -17,6 +17,9 @@ def test_topic_names_follow_the_contract_and_namespace():
     assert configs["sluice.load.v1"][1]["cleanup.policy"] == "compact"
     assert configs["sluice.requests.v1"][0] == plain.topic_partitions
     assert int(configs["sluice.requests.v1"][1]["max.message.bytes"]) > plain.max_event_bytes
+    # the stage-2 rebuild finds its re-read's start by broker time; raw topics keep the producers' times
+    assert {name for name, (_, cfg) in configs.items() if cfg.get("message.timestamp.type") == "LogAppendTime"} \
+        == {"sluice.partials.v1"}
 
 
 def test_trace_is_bundled_and_complete():
