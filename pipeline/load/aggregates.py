@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import PRIORITIES, ReplicaSample, RequestEvent
+from .checks import amount, count, mapping
 from .sketch import QuantileSketch
 
 REQUEST_COUNTS = (
@@ -184,7 +185,7 @@ class RequestAgg:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RequestAgg":
         agg = cls()
-        for key, value in data.items():
+        for key, value in mapping(data, "a second's requests").items():
             if key.startswith("q_"):
                 agg.sketches[key[2:]] = QuantileSketch.from_dict(value)
             elif key == "tenants":
@@ -192,7 +193,7 @@ class RequestAgg:
             elif key == "tenant_classes":
                 agg._read_tenants(value, key, 2, len(PRIORITIES))
             elif key in agg.counts:
-                agg.counts[key] = value
+                agg.counts[key] = count(value, key)
         return agg
 
 
@@ -207,6 +208,21 @@ class ReplicaLatest:
     requests_waiting: int
     kv_cache_usage: float
     healthy: bool
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReplicaLatest":
+        hardware, healthy = data["hardware"], data["healthy"]
+        if not (isinstance(hardware, str) and 0 < len(hardware) <= 64) or type(healthy) is not bool:
+            raise ValueError("a replica's hardware is not a short string or its healthy flag not a boolean")
+        if set(data) != set(cls.__dataclass_fields__):
+            raise ValueError(f"a replica's latest sample has fields {sorted(data)!r:.200}")
+        gpu_count = count(data["gpu_count"], "gpu_count")
+        if not 1 <= gpu_count <= 64:
+            raise ValueError(f"gpu_count is out of range: {gpu_count}")
+        return cls(count(data["event_time"], "event_time"), hardware, gpu_count,
+                   count(data["requests_running"], "requests_running"),
+                   count(data["requests_waiting"], "requests_waiting"),
+                   amount(data["kv_cache_usage"], "kv_cache_usage", 1), healthy)
 
     @classmethod
     def of(cls, s: ReplicaSample) -> "ReplicaLatest":
@@ -239,9 +255,14 @@ class ReplicaAgg:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReplicaAgg":
-        latest = data.get("latest")
-        return cls(ReplicaLatest(**latest) if latest else None,
-                   {int(k): dict(v) for k, v in data.get("seconds", {}).items()})
+        """Raises on a replica stage 1 could not have written: the sample's fields as the contract bounds
+        them, and per-second counter deltas as non-negative numbers."""
+        latest = mapping(data, "a replica").get("latest")
+        seconds = {}
+        for key, deltas in mapping(data.get("seconds", {}), "a replica's seconds").items():
+            seconds[int(key)] = {name: amount(v, name) for name, v in mapping(deltas, "a replica's deltas").items()}
+        return cls(ReplicaLatest.from_dict(mapping(latest, "a replica's latest sample")) if latest else None,
+                   seconds)
 
 
 class ReplicaTracker:

@@ -34,12 +34,19 @@ class Partial:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Partial":
-        """Raises on a partial whose identity is not what stage 2 keys, orders and releases it by."""
+        """Raises on a partial whose identity is not what stage 2 keys, orders and releases it by, or whose
+        content stage 1 could not have written (pipeline/load/checks.py): refused whole, before any merge."""
         if not (isinstance(data["id"], str) and isinstance(data["pool"], str) and type(data["newest_ms"]) is int):
             raise ValueError("a partial's id and pool must be strings and its newest_ms an integer")
-        return cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], models=set(data.get("models", ())),
-                   requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
-                   replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
+        partial = cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"],
+                      models=set(data.get("models", ())),
+                      requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
+                      replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
+        newest_s = partial.newest_ms // 1000  # a second past it would never leave the window, nor count
+        if any(second > newest_s for second in partial.requests) or \
+                any(second > newest_s for replica in partial.replicas.values() for second in replica.seconds):
+            raise ValueError("a partial holds a second after its newest_ms")
+        return partial
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Partial":

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from .checks import MAX_SKETCH_INDEX, amount, count, mapping
+
 DEFAULT_ALPHA = 0.01
 MIN_VALUE = 1e-6  # values at or below this count as zero (latencies are never that small)
 
@@ -78,9 +80,17 @@ class QuantileSketch:
 
     @classmethod
     def from_dict(cls, data: dict) -> "QuantileSketch":
-        sketch = cls(data["a"])
-        sketch.zeros, sketch.count, sketch.total = data["z"], data["n"], data["s"]
-        sketch.buckets = {int(k): v for k, v in data["b"].items()}
+        """Raises on a sketch stage 1 could not have written (pipeline/load/checks.py)."""
+        sketch = cls(amount(mapping(data, "a sketch")["a"], "a sketch's alpha", 1))
+        sketch.zeros, sketch.count = count(data["z"], "a sketch's zeros"), count(data["n"], "a sketch's count")
+        sketch.total = amount(data["s"], "a sketch's total", math.inf)
+        for key, n in mapping(data["b"], "a sketch's buckets").items():
+            index = int(key)
+            if abs(index) > MAX_SKETCH_INDEX:
+                raise ValueError(f"a sketch's bucket index is out of range: {index}")
+            sketch.buckets[index] = count(n, "a sketch's bucket")
+        if sketch.zeros + sum(sketch.buckets.values()) != sketch.count:
+            raise ValueError("a sketch's count is not its zeros plus its buckets")
         return sketch
 
     def __eq__(self, other: object) -> bool:

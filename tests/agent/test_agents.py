@@ -759,16 +759,16 @@ def test_a_rebuild_merges_partials_the_stream_skipped_from_the_reread_topic(app)
     now_ms = int(now_s * 1000)
     merged = pool_partial("llama-70b-a", "raw/0", now_ms - 3000)
     skipped = pool_partial("llama-70b-a", "raw/1", now_ms - 2000)
-    bad_merge = orjson.loads(pool_partial("llama-70b-a", "raw/5", now_ms - 3000))
-    bad_merge["requests"][str(now_s - 3)[:-2]]["events"] = "x"   # parses, and raises in the merge
+    bad_merge = Partial.from_bytes(pool_partial("llama-70b-a", "raw/5", now_ms - 3000))
+    next(iter(bad_merge.requests.values())).counts["events"] = "x"   # past the parse checks: raises in the merge
     stage2.table = {b"llama-70b-a" + KEY_SEP + b"raw/0/1": stored(merged, now_ms - 2500)}
     idle_ms = now_ms - stage2.loop.pool_idle_ms - 1000
     reread = [(Partial.from_bytes(raw), raw, broker_ms) for raw, broker_ms in (
         (merged, now_ms - 2900), (skipped, now_ms - 1900), (skipped, now_ms - 1800),  # stage 1 repeated a cut
         (pool_partial(other, "raw/2", now_ms - 1000), now_ms - 900),     # another worker's pool
         (pool_partial(idle, "raw/3", idle_ms), idle_ms),                 # forgotten long ago
-        (pool_partial("llama-70b-a", "raw/4", now_ms + 3_600_000), now_ms),  # from the future
-        (orjson.dumps(bad_merge), now_ms - 1000))]
+        (pool_partial("llama-70b-a", "raw/4", now_ms + 3_600_000), now_ms))]  # from the future
+    reread.append((bad_merge, b"{}", now_ms - 1000))
     before = metrics.PARTIALS_REREAD._value.get()
     stage2.rebuild({mine}, 2, reread)
     assert set(stage2.loop.states) == {"llama-70b-a"}
