@@ -84,12 +84,12 @@ class QuantileSketch:
         sketch = cls(amount(mapping(data, "a sketch")["a"], "a sketch's alpha", 1))
         sketch.zeros, sketch.count = count(data["z"], "a sketch's zeros"), count(data["n"], "a sketch's count")
         sketch.total = amount(data["s"], "a sketch's total", math.inf)
-        for key, n in mapping(data["b"], "a sketch's buckets").items():
-            index = int(key)
-            if abs(index) > MAX_SKETCH_INDEX:
-                raise ValueError(f"a sketch's bucket index is out of range: {index}")
-            sketch.buckets[index] = count(n, "a sketch's bucket")
-        if sketch.zeros + sum(sketch.buckets.values()) != sketch.count:
+        buckets = sketch.buckets = {int(k): n for k, n in mapping(data["b"], "a sketch's buckets").items()}
+        if buckets and (max(buckets) > MAX_SKETCH_INDEX or min(buckets) < -MAX_SKETCH_INDEX):
+            raise ValueError("a sketch's bucket index is out of range")
+        if buckets and (set(map(type, buckets.values())) != {int} or min(buckets.values()) < 0):
+            raise ValueError("a sketch's bucket is not a count")  # and none is above the checked total count
+        if sketch.zeros + sum(buckets.values()) != sketch.count:
             raise ValueError("a sketch's count is not its zeros plus its buckets")
         return sketch
 
