@@ -6,7 +6,11 @@ from collections import deque
 
 
 class SlidingCounts:
-    """Counts per second over the last ``window_s`` seconds (clock passed in)."""
+    """Counts per second over the last ``window_s`` seconds (clock passed in).
+
+    A clock that steps back a little counts into the newest second; one that steps back by the window or
+    more starts the window again: its seconds would otherwise not expire until the clock caught up (an
+    hour's step kept an hour of old counts in the retry budget)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -19,6 +23,14 @@ class SlidingCounts:
             last = buckets[-1]
             last[1] += a
             last[2] += b
+        elif buckets and buckets[-1][0] > second:  # the clock stepped back
+            last = buckets[-1]
+            if last[0] - second >= self.window_s:  # past the window: start again
+                buckets.clear()
+                buckets.append([second, a, b])
+            else:                                  # a little: counted in the newest second
+                last[1] += a
+                last[2] += b
         else:   # expired buckets go when a new one comes (at most one a second): the router's hot path
             buckets.append([second, a, b])
             self._trim(now_s)
@@ -28,5 +40,8 @@ class SlidingCounts:
         return sum(x[1] for x in self.buckets), sum(x[2] for x in self.buckets)
 
     def _trim(self, now_s: float) -> None:
-        while self.buckets and self.buckets[0][0] <= now_s - self.window_s:
-            self.buckets.popleft()
+        buckets = self.buckets
+        if buckets and buckets[-1][0] - now_s >= self.window_s:  # stepped back: those seconds never expire
+            buckets.clear()
+        while buckets and buckets[0][0] <= now_s - self.window_s:
+            buckets.popleft()

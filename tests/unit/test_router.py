@@ -249,3 +249,20 @@ def test_sliding_counts_total_exactly_the_window_however_adds_and_reads_interlea
             counts.add(now, a, b)
             seen.append((int(now), a, b))
     assert len(counts.buckets) <= window + 2
+
+
+def test_sliding_counts_forget_the_window_when_the_clock_steps_back_past_it():
+    """Seconds ahead of a clock that stepped back an hour never expired: the retry budget counted an hour of
+    old attempts. A small step back counts into the newest second and loses nothing."""
+    from pipeline.router import SlidingCounts
+
+    counts, t0 = SlidingCounts(10), 1_700_000_000
+    for t in range(t0, t0 + 10):
+        counts.add(t + 0.5, 10, 5)
+    counts.add(t0 + 8.2, 1, 1)                     # NTP stepped back two seconds
+    assert counts.totals(t0 + 9.9) == (101, 51)
+    back = t0 + 9.9 - 3600                         # stepped back an hour: nothing from the future
+    assert counts.totals(back) == (0, 0)
+    counts.add(back, 2, 1)
+    assert counts.totals(back + 0.05) == (2, 1)
+    assert counts.totals(back + 10) == (0, 0)
