@@ -165,8 +165,8 @@ class Stage2:
             active_ms[partial.pool] = max(broker_ms, active_ms.get(partial.pool, 0))
             found.append((key, partial, stored(raw, broker_ms)))
         idle = set(self.loop.rebuild([p for _, p in kept], int(self.clock() * 1000), active_ms))
-        for key, partial in kept:
-            if partial.pool in idle and key is not None:
+        for key, partial in kept:  # idle pools' partials, and any whose merge raised, leave the table
+            if key is not None and (partial.pool in idle or partial.id in self.loop.unmergeable):
                 self._unwanted(partial.pool.encode(), key)
         missing = 0
         for key, partial, value in found:
@@ -199,7 +199,7 @@ class Stage2:
         def lacking(record: Any) -> Reread | None:
             try:
                 partial = Partial.from_bytes(record.value)
-            except Exception:  # the stream dead-ends it when it meets it
+            except Exception:  # the stream logs and skips it when it meets it
                 return None
             return None if table_key(partial) in known else (partial, record.value, record.timestamp)
 

@@ -796,3 +796,27 @@ def test_a_rebuild_whose_reread_fails_goes_on_from_the_table(app, monkeypatch):
     reread = asyncio.run(asyncio.wait_for(app.stage2.reread("127.0.0.1:9", {0, 1}), 10))
     assert reread == []
     assert metrics.REREAD_INCOMPLETE._value.get() - before == 1
+
+
+def test_a_table_value_whose_merge_raises_costs_that_value_not_the_rebuild(app, monkeypatch):
+    """Defence behind the parse checks: a partial that parses and still raises in the merge is left out of the
+    rebuild (which would otherwise crash recovery on every owner of its partition) and leaves the table."""
+    from pipeline.worker.pictures import KEY_SEP, partition_of, stored
+
+    stage2 = app.stage2
+    now_ms = int(stage2.clock() * 1000)
+    good, bad = (pool_partial("llama-70b-a", source, now_ms - 1000) for source in ("raw/0", "raw/7"))
+    stage2.table = {b"llama-70b-a" + KEY_SEP + b"raw/0/1": stored(good, now_ms),
+                    b"llama-70b-a" + KEY_SEP + b"raw/7/1": stored(bad, now_ms)}
+    merge = stage2.loop.merge
+
+    def raising(partial):
+        if partial.id == "raw/7/1":
+            raise TypeError("unsupported operand type(s) for +=: 'int' and 'str'")
+        return merge(partial)
+
+    monkeypatch.setattr(stage2.loop, "merge", raising)
+    stage2.rebuild({partition_of(b"llama-70b-a", 2)}, 2)
+    assert set(stage2.loop.states["llama-70b-a"].seen) == {"raw/0/1"}
+    assert stage2.loop.unmergeable == {"raw/7/1"}
+    assert {k for keys in stage2.unwanted.values() for k in keys} == {b"llama-70b-a" + KEY_SEP + b"raw/7/1"}
