@@ -8,10 +8,15 @@ from typing import Any, Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 
+def groupless(bootstrap: str, **options: Any) -> AIOKafkaConsumer:
+    """A consumer outside any group (nothing committed), for assigning partitions by hand."""
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                            **options)
+
+
 async def open_from_beginning(bootstrap: str, topic: str, **options: Any) -> tuple[AIOKafkaConsumer, dict]:
     """A started consumer assigned every partition of ``topic`` at offset 0, and the end offsets now."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **options)
+    consumer = groupless(bootstrap, **options)
     await consumer.start()
     try:
         partitions = await consumer._client._wait_on_metadata(topic) or consumer.partitions_for_topic(topic) or ()
@@ -31,8 +36,7 @@ async def read_since(bootstrap: str, topic: str, partitions: set[int], since_ms:
     holds what was read, from the oldest)."""
     if not partitions:
         return True
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **options)
+    consumer = groupless(bootstrap, **options)
     wanted: dict[TopicPartition, int] = {}
 
     def take(batch: dict) -> None:

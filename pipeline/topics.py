@@ -87,7 +87,7 @@ def partial_budget_bytes() -> int:
 
 REQUESTS = TopicSpec("sluice.requests.v1", key="task_id", raw=True)
 REPLICAS = TopicSpec("sluice.replicas.v1", key="replica_id", raw=True)
-# broker time: stage 2 finds where a rebuild's re-read starts by record time, which no worker's clock may skew
+# broker time: a rebuild's re-read starts by record time, so a producing worker's wrong clock cannot hide records
 PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS, max_bytes=1 << 20, broker_time=True)
 LOAD = TopicSpec("sluice.load.v1", key="pool", compacted=True)
 ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True)

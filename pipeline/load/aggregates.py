@@ -10,10 +10,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract import compile_schema, load_schema
 from ..events import PRIORITIES, ReplicaSample, RequestEvent
 from .checks import amount, count, mapping
 from .sketch import QuantileSketch
 
+SAMPLE_FIELDS = load_schema("replica_sample")["properties"]
 REQUEST_COUNTS = (
     "events",            # every event folded (for late accounting)
     "received",          # attempts that reached the router (arrivals, retries included)
@@ -211,23 +213,18 @@ class ReplicaLatest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReplicaLatest":
-        hardware, healthy = data["hardware"], data["healthy"]
-        if not (isinstance(hardware, str) and 0 < len(hardware) <= 64) or type(healthy) is not bool:
-            raise ValueError("a replica's hardware is not a short string or its healthy flag not a boolean")
-        if set(data) != set(cls.__dataclass_fields__):
+        """The sample's fields, each held to its replica_sample.v1 schema (the contract's own checks)."""
+        if set(data) != set(LATEST_CHECKS):
             raise ValueError(f"a replica's latest sample has fields {sorted(data)!r:.200}")
-        gpu_count = count(data["gpu_count"], "gpu_count")
-        if not 1 <= gpu_count <= 64:
-            raise ValueError(f"gpu_count is out of range: {gpu_count}")
-        return cls(count(data["event_time"], "event_time"), hardware, gpu_count,
-                   count(data["requests_running"], "requests_running"),
-                   count(data["requests_waiting"], "requests_waiting"),
-                   amount(data["kv_cache_usage"], "kv_cache_usage", 1), healthy)
+        return cls(**{name: check(data[name], name) for name, check in LATEST_CHECKS.items()})
 
     @classmethod
     def of(cls, s: ReplicaSample) -> "ReplicaLatest":
         return cls(s.event_time, s.hardware, s.gpu_count, s.requests_running, s.requests_waiting,
                    s.kv_cache_usage, s.healthy)
+
+
+LATEST_CHECKS = {name: compile_schema(SAMPLE_FIELDS[name], name) for name in ReplicaLatest.__dataclass_fields__}
 
 
 @dataclass

@@ -69,16 +69,18 @@ class Stage2:
         self.max_ahead_ms = int(settings.max_clock_skew_s * 1000)
         self.partitions = topics.PARTIALS.partitions(settings)
         self.unwanted: dict[int, list[bytes]] = {}  # partials partition → table keys to delete there
-        self.unwritten: dict[int, dict[bytes, tuple[str, str, bytes]]] = {}  # → key: (pool, id, value) to write
+        self.unwritten: dict[int, dict[bytes, bytes]] = {}  # partials partition → table key: value to write there
         self.clock = time.time
 
-    def _from_the_future(self, partial: Partial, quiet: bool = False) -> bool:
+    def _ahead(self, partial: Partial) -> bool:
         """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
         times were bounded) would move the pool's watermark and make every real event late."""
-        if partial.newest_ms <= self.clock() * 1000 + self.max_ahead_ms:
+        return partial.newest_ms > self.clock() * 1000 + self.max_ahead_ms
+
+    def _from_the_future(self, partial: Partial) -> bool:
+        """``_ahead``, logged and counted."""
+        if not self._ahead(partial):
             return False
-        if quiet:
-            return True
         log.warning("ignored partial %s of pool %s: newest event time %d is ahead of the clock", partial.id,
                     partial.pool, partial.newest_ms)
         metrics.PARTIALS_REFUSED.inc()
@@ -103,10 +105,9 @@ class Stage2:
                 metrics.PARTIALS_DUPLICATE.inc()
             return
         metrics.PARTIALS_MERGED.inc()
-        self.table[table_key(partial)] = stored(raw, int(self.clock() * 1000))
-        pool_key = partial.pool.encode() + KEY_SEP
+        self.table[table_key(partial.pool, partial.id)] = stored(raw, int(self.clock() * 1000))
         for partial_id in evicted:
-            self.table.pop(pool_key + partial_id.encode(), None)
+            self.table.pop(table_key(partial.pool, partial_id), None)
 
     def _apply_queued(self, partial: Partial) -> None:
         """Apply the table changes queued for the partition this merge writes to (the current event's;
@@ -117,7 +118,8 @@ class Stage2:
                                                                                     self.partitions)
         for key in self.unwanted.pop(partition, ()):
             self.table.pop(key, None)
-        for key, (pool, partial_id, value) in self.unwritten.pop(partition, {}).items():
+        for key, value in self.unwritten.pop(partition, {}).items():
+            pool, partial_id = key.decode().split(KEY_SEP.decode(), 1)
             state = self.loop.states.get(pool)
             if state is not None and partial_id in state.seen:
                 self.table[key] = value
@@ -156,9 +158,9 @@ class Stage2:
                         active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
         found = []
         for partial, raw, broker_ms in reread:
-            key = table_key(partial)
+            key = table_key(partial.pool, partial.id)
             if key in keys or partition_of(partial.pool.encode(), partitions) not in active_partitions \
-                    or self._from_the_future(partial, quiet=True):  # the stream counted it when it met it
+                    or self._ahead(partial):  # the stream logged and counted it when it met it
                 continue
             keys.add(key)
             kept.append((None, partial))
@@ -174,7 +176,7 @@ class Stage2:
             if state is not None and partial.id in state.seen and partial.id not in self.loop.unmergeable:
                 missing += 1
                 queued = self.unwritten.setdefault(partition_of(partial.pool.encode(), partitions), {})
-                queued[key] = (partial.pool, partial.id, value)
+                queued[key] = value
         metrics.PARTIALS_REREAD.inc(missing)
         if self.loop.unmergeable:
             log.warning("rebuild left out %d partial(s) whose merge raised: %.200s", len(self.loop.unmergeable),
@@ -201,7 +203,7 @@ class Stage2:
                 partial = Partial.from_bytes(record.value)
             except Exception:  # the stream logs and skips it when it meets it
                 return None
-            return None if table_key(partial) in known else (partial, record.value, record.timestamp)
+            return None if table_key(partial.pool, partial.id) in known else (partial, record.value, record.timestamp)
 
         found: list[Reread] = []
         try:
@@ -221,7 +223,7 @@ class Stage2:
         now = self.clock()
         step = self.loop.step(int(now * 1000), self.fleet)
         for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
-            self._unwanted(pool.encode(), pool.encode() + KEY_SEP + partial_id.encode())
+            self._unwanted(pool.encode(), table_key(pool, partial_id))
         sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
         sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
         for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
@@ -259,8 +261,8 @@ def unstored(value: bytes) -> tuple[Partial, int | None]:
     return Partial.from_dict(data), None
 
 
-def table_key(partial: Partial) -> bytes:
-    return partial.pool.encode() + KEY_SEP + partial.id.encode()
+def table_key(pool: str, partial_id: str) -> bytes:
+    return pool.encode() + KEY_SEP + partial_id.encode()
 
 
 def partition_of(pool_key: bytes, partitions: int) -> int:
