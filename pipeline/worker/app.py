@@ -68,6 +68,8 @@ def create_app(settings: Settings) -> faust.App:
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=settings.session_timeout_s / 3,
+        # Faust refuses to start a consumer whose session timeout exceeds its request timeout (default 90 s)
+        broker_request_timeout=max(90.0, settings.session_timeout_s + 30.0),
         consumer_auto_offset_reset="earliest",
         loghandlers=[],
     )

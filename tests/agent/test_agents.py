@@ -10,7 +10,7 @@ from pipeline.agents import create_app
 from pipeline.events import ReplicaSample, RequestEvent
 from pipeline.ingest import Record
 from pipeline.load.partial import PartialBuilder
-from pipeline.settings import load_settings
+from pipeline.settings import Settings, load_settings
 from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
 from pipeline.sinks.block_sink import BlockSink
 
@@ -820,3 +820,14 @@ def test_a_table_value_whose_merge_raises_costs_that_value_not_the_rebuild(app, 
     assert set(stage2.loop.states["llama-70b-a"].seen) == {"raw/0/1"}
     assert stage2.loop.unmergeable == {"raw/7/1"}
     assert {k for keys in stage2.unwanted.values() for k in keys} == {b"llama-70b-a" + KEY_SEP + b"raw/7/1"}
+
+
+def test_the_longest_session_timeout_the_settings_allow_is_one_faust_accepts(tmp_path):
+    """Faust refuses to start its consumer when the session timeout exceeds its request timeout (90 s by
+    default), so a worker configured with ``SLUICE_SESSION_TIMEOUT_S=300`` crashed at startup."""
+    longest = Settings.__dataclass_fields__["session_timeout_s"].metadata["max"]
+    settings = load_settings(env={}, kafka_bootstrap_servers="127.0.0.1:9", state_dir=str(tmp_path),
+                             app_id="sluice-agent-test-timeout", dev_signing_key=True, session_timeout_s=longest)
+    conf = create_app(settings).conf
+    assert conf.broker_session_timeout == longest
+    assert conf.broker_session_timeout < conf.broker_request_timeout
