@@ -61,7 +61,7 @@ async def raw_consume_decode(settings: Settings, bootstrap: str, topic: str, exp
             for messages in batch.values():
                 for message in messages:
                     orjson.loads(message.value)
-                seen += sum(len(m) for m in batch.values())
+                seen += len(messages)
         return time.perf_counter() - started
     finally:
         await consumer.stop()
@@ -116,27 +116,35 @@ def _backlog(seed: int = 11) -> Iterator:
 def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "landing", workers: int = 1,
                  valid: list | None = None) -> dict:
     """Events/s one path reads, validates and folds (control) or lands exactly once (landing), with
-    ``workers`` workers of that role, against a bare aiokafka consume + orjson decode of the same topic."""
-    run_settings = replace(_isolated(settings, work_dir), role=role, topic_partitions=max(settings.topic_partitions, 6))
+    ``workers`` workers of that role, against a bare aiokafka consume + orjson decode of the same topic.
+
+    The workers join their group on empty topics and are stopped (SIGSTOP) while the backlog is produced,
+    then continued together: started on a full topic, the first to join read a share of it alone before
+    the others had partitions, and the group's rebalances took seconds of the run (session 12 measured
+    nothing with two and three workers that way). Their session timeout is raised so the stop does not
+    cost them their partitions."""
+    run_settings = replace(_isolated(settings, work_dir), role=role, topic_partitions=max(settings.topic_partitions, 6),
+                           session_timeout_s=STOPPED_SESSION_TIMEOUT_S)
     ns = run_settings.topic_namespace
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     valid = valid if valid is not None else _request_events(events)
-    started = time.perf_counter()
-    asyncio.run(produce(run_settings, bootstrap, valid, paced=False))
-    produce_s = time.perf_counter() - started
-    raw_s = asyncio.run(raw_consume_decode(run_settings, bootstrap, topics.REQUESTS.name(run_settings),
-                                           len(valid)))
-
+    group = topics.control_group(run_settings) if role == "control" else topics.landing_group(run_settings)
     procs = [WorkerProcess(replace(run_settings, web_port=_free_port()), work_dir / f"{ns}-{role}-{i}.log")
              for i in range(workers)]
     try:
-        # all at once: started one by one, the first would read everything before the others joined
-        starters = [threading.Thread(target=proc.start) for proc in procs]
-        for starter in starters:
-            starter.start()
-        for starter in starters:
-            starter.join()
+        for proc in procs:
+            proc.start()
+        asyncio.run(wait_for_group(run_settings, bootstrap, group, workers, GROUP_FORMED_TIMEOUT_S))
+        for proc in procs:
+            proc.pause()
+        started = time.perf_counter()
+        asyncio.run(produce(run_settings, bootstrap, valid, paced=False))
+        produce_s = time.perf_counter() - started
+        raw_s = asyncio.run(raw_consume_decode(run_settings, bootstrap, topics.REQUESTS.name(run_settings),
+                                               len(valid)))
+        for proc in procs:
+            proc.resume()
         samples = []   # (time, events handled by each worker)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -148,6 +156,7 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
         rss = max(_rss_mib(proc.pid) for proc in procs)
     finally:
         for proc in procs:
+            proc.resume()
             proc.stop()
     if sum(samples[-1][1]) < len(valid):
         raise RuntimeError(f"bench {role} workers did not finish in 600 s")
@@ -163,6 +172,31 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
         "batch_max": run_settings.ingest_batch_max,
         "store": None if role == "control" else ("server" if run_settings.clickhouse_url else "chdb"),
     }
+
+
+STOPPED_SESSION_TIMEOUT_S = 300.0   # the settings' maximum: longer than producing the largest backlog
+GROUP_FORMED_TIMEOUT_S = 120.0
+
+
+async def wait_for_group(settings: Settings, bootstrap: str, group: str, members: int, timeout_s: float) -> None:
+    """Until ``group`` is Stable with ``members`` members (each then holds its partitions)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(settings))
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        seen = None
+        while time.monotonic() < deadline:
+            response, = await admin.describe_consumer_groups([group])
+            _error, _group, state, _type, _protocol, listed, *_ = response.groups[0]
+            seen = (state, len(listed))
+            if seen == ("Stable", members):
+                return
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"group {group} not Stable with {members} members in {timeout_s:.0f} s (last: {seen})")
+    finally:
+        await admin.close()
 
 
 def _steady_rate(samples: list[tuple[float, list[float]]], total: int) -> float | None:

@@ -95,7 +95,8 @@ class Settings:
         choices=("all", "control", "landing")))
     session_timeout_s: float = field(default=10.0, metadata=_doc(
         "How long a silent worker keeps its partitions before the group moves them to the others, seconds "
-        "(Kafka consumer session timeout, both paths and stage 2): the bound on a dead worker's gap.",
+        "(Kafka consumer session timeout, both paths and stage 2; heartbeats every third of it, at most 3 s): the "
+        "bound on a dead worker's gap.",
         min=6, max=300))
     web_host: str = field(default="127.0.0.1", metadata=_doc(
         "Address the worker's HTTP endpoints (/healthz, /metrics) bind to."))
@@ -255,6 +256,12 @@ class Settings:
     def __repr__(self) -> str:
         """Secrets masked: settings end up in logs and tracebacks."""
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.redacted().items())})"
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """Consumer heartbeats (both paths and stage 2): a third of the session timeout, at most 3 s, because
+        a member learns of a rebalance only at its next heartbeat (Kafka's defaults: 45 s and 3 s)."""
+        return min(self.session_timeout_s / 3, 3.0)
 
     @property
     def kafka_dir(self) -> Path:

@@ -118,6 +118,16 @@ class WorkerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its connections and partitions but does nothing until ``resume``."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause`` (harmless on a running process)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self, timeout_s: float = 60) -> None:
         """SIGTERM and wait; SIGKILL if it does not exit in time."""
         if self.proc and self.proc.poll() is None:

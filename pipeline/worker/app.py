@@ -67,7 +67,7 @@ def create_app(settings: Settings) -> faust.App:
         producer_max_request_size=topics.dead_letter_max_bytes(settings) + 65536,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=settings.session_timeout_s / 3,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
         # Faust refuses to start a consumer whose session timeout exceeds its request timeout (default 90 s)
         broker_request_timeout=max(90.0, settings.session_timeout_s + 30.0),
         consumer_auto_offset_reset="earliest",

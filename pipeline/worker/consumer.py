@@ -28,7 +28,7 @@ def batch_consumer(settings: Settings, bootstrap: str, group: str) -> Any:
         max_partition_fetch_bytes=topics.raw_topic_max_bytes(settings),
         fetch_max_bytes=max(52428800, topics.raw_topic_max_bytes(settings)),
         max_poll_records=settings.ingest_batch_max, session_timeout_ms=int(settings.session_timeout_s * 1000),
-        heartbeat_interval_ms=int(settings.session_timeout_s * 1000 / 3), **client_options(settings))
+        heartbeat_interval_ms=int(settings.heartbeat_interval_s * 1000), **client_options(settings))
 
 
 class BatchLoop:
