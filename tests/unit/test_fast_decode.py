@@ -149,4 +149,19 @@ def test_a_property_the_event_does_not_default_to_none_fails_the_builder():
         b: int = 0
 
     with pytest.raises(ValueError, match="defaults to 0"):
-        _builder(Wrong, ("a", "b"))
+        _builder(Wrong, ("a", "b"), ())
+
+
+def test_an_event_whose_fields_are_not_in_the_structs_order_fails_the_builder():
+    """Values are passed by position: a class declaring its fields in another order would get them crossed."""
+    from dataclasses import dataclass
+
+    from pipeline.fast_decode import _builder
+
+    @dataclass
+    class Crossed:
+        b: int
+        a: int
+
+    with pytest.raises(ValueError, match="do not start with"):
+        _builder(Crossed, ("a", "b"), ())
