@@ -84,6 +84,16 @@ class SluiceAdmission(CustomLogger):
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX_S, delay * 2)
 
+    async def close(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop following signals and deliver the buffered events (up to ``drain_timeout_s``), for a process
+        that embeds the hook and shuts down on purpose (the LiteLLM proxy has no shutdown call for callbacks)."""
+        from ..topic_reader import cancel
+
+        for task in self._connecting:
+            await cancel(task)
+        await self.router.stop()
+        await self.emitter.stop(drain_timeout_s)
+
     @staticmethod
     def _serves(model_group: str) -> bool:
         """Whether the proxy has a model group of that name (a pool named by metadata may have none)."""

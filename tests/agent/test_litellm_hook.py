@@ -103,3 +103,19 @@ def test_an_error_inside_sluice_never_fails_the_call(monkeypatch):
     assert pre_call(h, "sheddable")["model"] == "hot"
     asyncio.run(h.async_log_success_event({"litellm_params": {"metadata": {"sluice_call": {"bad": 1}}}},
                                           None, None, None))
+
+
+def test_close_stops_the_background_connects_and_the_emitter():
+    """A process embedding the hook shuts it down without leaving tasks retrying a broker or clients open."""
+    h = hook()
+
+    async def scenario():
+        await h.async_pre_call_hook(KEY, None, data("critical"), "acompletion")   # starts connecting
+        connecting = list(h._connecting)
+        assert connecting and not any(task.done() for task in connecting)
+        await h.close(drain_timeout_s=0.1)
+        return connecting
+
+    connecting = asyncio.run(scenario())
+    assert all(task.done() for task in connecting)
+    assert h.emitter._task is None or h.emitter._task.done()
