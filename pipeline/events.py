@@ -81,6 +81,10 @@ class ReplicaSample:
     power_w: float | None = None
 
 
+for _event_class in (RequestEvent, ReplicaSample):   # built by position: a field order they cannot take fails here
+    FAST[_event_class.schema].builder(_event_class)
+
+
 class AdmissionSignal:
     """A signal read back for landing: the validated document, kept whole (routers verify the bytes,
     not this)."""

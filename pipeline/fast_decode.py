@@ -125,7 +125,6 @@ class FastSchema:
                            for field, values, needed in _conditions(schema)]
         self.patterns_match = _pattern_check([(p, _ecma(spec["pattern"])) for p, spec in schema["properties"].items()
                                               if "pattern" in spec])
-        self.names = tuple(schema["properties"])
         self._builders: dict[type, Callable[[Any], Any]] = {}
 
     def _accepted(self, value: bytes) -> Any:
@@ -157,10 +156,15 @@ class FastSchema:
         decoded = self._accepted(value)
         if decoded is None:
             return None
+        return (self._builders.get(cls) or self.builder(cls))(decoded)
+
+    def builder(self, cls: type) -> Callable[[Any], Any]:
+        """The struct → ``cls`` function, made once; raises if ``cls`` cannot be built by position (the event
+        module asks for its classes' at import, so a mismatch stops the import, not every record)."""
         build = self._builders.get(cls)
         if build is None:
             build = self._builders[cls] = _builder(cls, self.struct.__struct_fields__, self.unset_when_absent)
-        return build(decoded)
+        return build
 
 
 def _nullable(spec: dict) -> bool:
@@ -176,8 +180,9 @@ def _builder(cls: type, names: tuple[str, ...], unset_when_absent: tuple[str, ..
     import keyword
 
     fields = dataclasses.fields(cls)
-    if tuple(f.name for f in fields[:len(names)]) != names:
-        raise ValueError(f"fast decoder cannot build {cls.__name__}: its fields do not start with {names}")
+    if tuple(f.name for f in fields[:len(names)] if f.init and not f.kw_only) != names:
+        raise ValueError(f"fast decoder cannot build {cls.__name__}: its fields do not start with {names} "
+                         "(positional, in that order)")
     if cls.__dataclass_params__.frozen:
         raise ValueError(f"fast decoder cannot build the frozen {cls.__name__}")
     for f in fields:

@@ -91,6 +91,7 @@ class SluiceAdmission(CustomLogger):
 
         for task in self._connecting:
             await cancel(task)
+        self._connecting = []   # a call after this connects again
         await self.router.stop()
         await self.emitter.stop(drain_timeout_s)
 

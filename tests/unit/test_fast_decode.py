@@ -154,7 +154,7 @@ def test_a_property_the_event_does_not_default_to_none_fails_the_builder():
 
 def test_an_event_whose_fields_are_not_in_the_structs_order_fails_the_builder():
     """Values are passed by position: a class declaring its fields in another order would get them crossed."""
-    from dataclasses import dataclass
+    from dataclasses import dataclass, field
 
     from pipeline.fast_decode import _builder
 
@@ -163,5 +163,11 @@ def test_an_event_whose_fields_are_not_in_the_structs_order_fails_the_builder():
         b: int
         a: int
 
-    with pytest.raises(ValueError, match="do not start with"):
-        _builder(Crossed, ("a", "b"), ())
+    @dataclass
+    class KeywordOnly:
+        a: int
+        b: int | None = field(default=None, kw_only=True)
+
+    for cls in (Crossed, KeywordOnly):
+        with pytest.raises(ValueError, match="do not start with"):
+            _builder(cls, ("a", "b"), ())
