@@ -200,10 +200,12 @@ class Stage2:
 
         def lacking(record: Any) -> Reread | None:
             try:
-                partial = Partial.from_bytes(record.value)
+                data = orjson.loads(record.value)
+                if table_key(data["pool"], data["id"]) in known:
+                    return None   # most are: their identity alone, without the checked parse (7× the cost)
+                return Partial.from_dict(data), record.value, record.timestamp
             except Exception:  # the stream logs and skips it when it meets it
                 return None
-            return None if table_key(partial.pool, partial.id) in known else (partial, record.value, record.timestamp)
 
         found: list[Reread] = []
         try:
