@@ -129,11 +129,11 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
     bootstrap = run_settings.kafka_bootstrap_servers
     asyncio.run(topics.ensure_topics(run_settings, bootstrap))
     valid = valid if valid is not None else _request_events(events)
-    group = topics.control_group(run_settings) if role == "control" else topics.landing_group(run_settings)
+    # the control role's stage 2 is Faust's group (app_id): it rebalances as each worker starts
+    groups = ([topics.control_group(run_settings), run_settings.app_id] if role == "control"
+              else [topics.landing_group(run_settings)])
     procs = [WorkerProcess(replace(run_settings, web_port=_free_port()), work_dir / f"{ns}-{role}-{i}.log")
              for i in range(workers)]
-    # the control role's stage 2 is Faust's group (app_id): it rebalances as each worker starts
-    groups = [group] + ([run_settings.app_id] if role == "control" else [])
     try:
         for proc in procs:
             proc.start()

@@ -71,16 +71,14 @@ def _annotation(name: str, spec: dict) -> Any:
         return Literal[spec["const"]]
     if "enum" in spec:
         return Literal[tuple(spec["enum"])]
-    types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
-    nullable = "null" in types
-    (kind,) = [t for t in types if t != "null"]
+    (kind,) = [t for t in _types(spec) if t != "null"]
     meta = {name: spec[keyword] for keyword, name in META.items() if keyword in spec}
     if kind == "number":  # an integer stays an exact int (a float would round 10**18 + 1 into range)
         whole = {k: (math.ceil(v) if k in ("ge", "lt") else math.floor(v)) for k, v in meta.items()}
         base = Union[Annotated[int, msgspec.Meta(**whole)], Annotated[float, msgspec.Meta(**meta)]]
     else:
         base = Annotated[TYPES[kind], msgspec.Meta(**meta)] if meta else TYPES[kind]
-    return Optional[base] if nullable else base
+    return Optional[base] if _nullable(spec) else base
 
 
 def _conditions(schema: dict) -> list[tuple[str, frozenset, tuple[str, ...]]]:
@@ -167,15 +165,20 @@ class FastSchema:
         return build
 
 
+def _types(spec: dict) -> list[str]:
+    return spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
+
+
 def _nullable(spec: dict) -> bool:
-    return "null" in (spec["type"] if isinstance(spec["type"], list) else [spec["type"]])
+    return "null" in _types(spec)
 
 
 def _builder(cls: type, names: tuple[str, ...], unset_when_absent: tuple[str, ...]) -> Callable[[Any], Any]:
     """A function struct → ``cls``: the struct's values as one tuple (in C) passed by position, then UNSET
     replaced by None (generated: no per-field loop in Python; by name it cost 2 µs an event, the most of
-    any step of the decode). So ``cls`` must declare the schema's properties first (required ones, then the
-    rest, each in the schema's order) and default every property it may lack to None, or this fails rather than build a different event."""
+    any step of the decode). So ``cls`` must declare the schema's properties first (required ones, then
+    the rest, each in the schema's order) and default every property it may lack to None, or this fails
+    rather than build a different event."""
     import dataclasses
     import keyword
 
