@@ -6,7 +6,7 @@ that drop producer retries, the open block of each source partition (rows
 gather until ``sink_block_rows`` or ``sink_block_age_s``: ClickHouse wants
 thousands of rows a second per insert, not one insert per fetch), landing in
 offset order, hold-and-retry while the store is unavailable (``ClickHouseSink``),
-and the row-by-row fallback that dead-letters rows the store refuses.
+and the split that lands a refused block in halves, dead-lettering the rows the store refuses.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class BlockSink:
         try:
             await self.sink.land(block.table, block.landed_rows(), block.token(block.table))
         except StoreRejected as exc:
-            await self._land_row_by_row(block, exc)
+            await self._land_in_halves(block, exc)
         metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - started)
         if block.oldest_event_ms:
             metrics.LANDING_LAG_SECONDS.labels(block.table).observe(max(0.0, time.time() - block.oldest_event_ms / 1000))
@@ -135,29 +135,50 @@ class BlockSink:
                     log.error("store refused a dead-letter row of %s: %s", token, exc)
                     metrics.DEAD_LETTERS_UNLANDABLE.inc()
 
-    async def _land_row_by_row(self, block: BlockOutcome, refused: StoreRejected) -> None:
-        """The store refused a block for its data: land its rows one by one, dead-letter the refused ones.
+    async def _land_in_halves(self, block: BlockOutcome, refused: StoreRejected) -> None:
+        """The store refused a block for its data: land it in halves, the refused halves in halves again,
+        down to single rows, which are dead-lettered.
 
-        Deterministic like the block (each row's token extends the block's), so
-        a replay after a crash drops whatever landed already.
+        One bad row among n costs about 2·log2(n) inserts where landing row by row cost n (a 5,000-row
+        block held every partition's landing for 79 s on chdb), and a block refused for its spread
+        (more partitions than one insert may touch) lands in a few pieces. Deterministic like the block:
+        each piece's token extends the block's with its first and last source offsets (a row's, with its
+        own), so a replay after a crash drops whatever landed already.
         """
-        log.warning("store refused block %s (%s); landing its rows one by one", block.token(block.table), refused)
+        log.warning("store refused block %s (%s); landing it in halves", block.token(block.table), refused)
         token = block.token(block.table)
-        for i, row_bytes in enumerate(block.landed_rows()):
-            offset = block.sources[i].offset
-            try:
-                await self.sink.land(block.table, [row_bytes], f"{token}#{offset}")
-            except StoreRejected as exc:
-                key, letter, letter_row = refused_by_store(block, i, str(exc), int(time.time() * 1000))
-                await self.send_dead_letter(key, letter)
+        rows = block.landed_rows()
+        offsets = [source.offset for source in block.sources]
+        refused_rows: dict[int, str] = {}
+        pieces = [(0, len(rows), refused)]   # a stack: the first half is landed first
+        while pieces:
+            lo, hi, exc = pieces.pop()
+            if exc is None:
+                piece = f"{offsets[lo]}" if hi - lo == 1 else f"{offsets[lo]}-{offsets[hi - 1]}"
                 try:
-                    await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
-                except StoreRejected as refused_letter:
-                    log.error("store refused the dead-letter row of %s#%d: %s", token, offset, refused_letter)
-                    metrics.DEAD_LETTERS_UNLANDABLE.inc()
-                metrics.count_dead_letters(block.topic, {"store_rejected": 1})
-                block.rows[i] = b""
-        block.rows = [r for r in block.rows if r]
+                    await self.sink.land(block.table, rows[lo:hi], f"{token}#{piece}")
+                    continue
+                except StoreRejected as now_refused:
+                    exc = now_refused
+            if hi - lo == 1:
+                refused_rows[lo] = str(exc)
+            else:
+                mid = (lo + hi) // 2
+                pieces += [(mid, hi, None), (lo, mid, None)]
+        for i, detail in refused_rows.items():
+            await self._dead_letter_refused(block, i, detail, token)
+        block.rows = [r for i, r in enumerate(block.rows) if i not in refused_rows]
+
+    async def _dead_letter_refused(self, block: BlockOutcome, i: int, detail: str, token: str) -> None:
+        offset = block.sources[i].offset
+        key, letter, letter_row = refused_by_store(block, i, detail, int(time.time() * 1000))
+        await self.send_dead_letter(key, letter)
+        try:
+            await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
+        except StoreRejected as refused_letter:
+            log.error("store refused the dead-letter row of %s#%d: %s", token, offset, refused_letter)
+            metrics.DEAD_LETTERS_UNLANDABLE.inc()
+        metrics.count_dead_letters(block.topic, {"store_rejected": 1})
 
     async def resume(self, cls: type, topic: str, partition: int, committed: int) -> None:
         """Prepare a newly assigned partition, read from ``committed`` on: the offsets the store holds

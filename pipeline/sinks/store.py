@@ -43,7 +43,7 @@ class StoreRejected(ValueError):
 
 
 # How every ClickHouse error met on insert is handled (codes from the server's ErrorCodes.cpp):
-# data — the rows are at fault: the block is landed row by row and refused rows are dead-lettered;
+# data — the rows are at fault: the block is landed in halves and refused rows are dead-lettered;
 # outage — the store is down, full, overloaded or misconfigured: hold and retry, never drop.
 DATA_ERRORS = re.compile(r"\b(CANNOT_PARSE\w*|CANNOT_READ\w*|TYPE_MISMATCH|INCORRECT_DATA|INCORRECT_JSON|"
                          r"VALUE_IS_OUT_OF_RANGE\w*|CANNOT_INSERT_NULL\w*|TOO_LARGE_STRING_SIZE|"

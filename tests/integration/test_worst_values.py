@@ -446,8 +446,8 @@ def test_hostile_record_timestamps_cost_nothing_and_every_record_is_accounted_fo
 def test_a_block_the_store_refuses_for_its_spread_neither_stalls_landing_nor_touches_decisions(loop_settings,
                                                                                               worker_factory):
     """101 valid request events of one pool, one task (one partition, one block), one per day over 101 days:
-    ClickHouse refuses the insert (code 252, too many partitions for one INSERT block). The block lands row
-    by row, each event lands or is dead-lettered (store_rejected), the next events behind it land, and the
+    ClickHouse refuses the insert (code 252, too many partitions for one INSERT block). The block lands in
+    halves, each event lands or is dead-lettered (store_rejected), the next events behind it land, and the
     overloaded pool's decisions do not notice."""
     s = replace(loop_settings, sink_block_age_s=3.0)  # the 101 events gather into one block
     run(topics.ensure_topics(s, s.kafka_bootstrap_servers))

@@ -135,9 +135,10 @@ def test_a_dead_letter_lands_whatever_the_records_timestamp(store, timestamp):
     assert row == {"reason": "malformed_json", "source_timestamp": None}
 
 
-def test_a_block_spread_over_more_days_than_one_insert_may_touch_lands_row_by_row(store):
+def test_a_block_spread_over_more_days_than_one_insert_may_touch_lands_in_two_halves(store):
     """101 valid events over 101 days: ClickHouse refuses the block (code 252, too many partitions for one
-    INSERT block); that once held landing forever. Now the block is split and every row lands."""
+    INSERT block); that once held landing forever, then took 101 inserts (row by row). Now the block is
+    halved and every row lands in two inserts."""
     import asyncio
 
     from pipeline.settings import load_settings
@@ -153,10 +154,19 @@ def test_a_block_spread_over_more_days_than_one_insert_may_touch_lands_row_by_ro
         letters.append(value)
 
     sink = BlockSink(load_settings(env={}, sink_block_age_s=0, max_event_age_s=0), store, send)
+    inserts = []
+    insert = store.insert
+
+    def counted(table, rows, dedup_token=None):
+        inserts.append((table, rows.count(b"\n") + 1))
+        insert(table, rows, dedup_token)
+
+    store.insert = counted
 
     async def scenario():
         sink.add(RequestEvent, records, now_ms=1_700_000_000_000 + 101 * day)
         return await sink.flush()
 
     assert asyncio.run(scenario()) == {("raw", 0): 101}
-    assert counts(store)[0] == 101 and letters == []
+    assert counts(store) == (101, 101) and letters == []
+    assert [n for table, n in inserts if table == "request_events"] == [101, 50, 51]
