@@ -369,6 +369,39 @@ def test_a_refused_block_lands_in_halves_so_two_bad_rows_among_thousands_cost_do
     assert f"{block_token}#1234" in tokens and f"{block_token}#0-2499" in tokens
 
 
+def test_a_block_of_refused_rows_costs_about_its_rows_in_inserts_not_twice_them(app):
+    """Halving a block whose every row is refused would cost 2n − 1 inserts; small refused pieces go row
+    by row, so it costs about 1.25 n (row by row alone: n + 1), and every row is dead-lettered once."""
+    from dataclasses import replace
+
+    from pipeline.sinks.store import StoreRejected
+
+    class RefusingSink(MemorySink):
+        def __init__(self):
+            super().__init__()
+            self.inserts = 0
+
+        async def land(self, table, rows, dedup_token):
+            if table == "request_events":
+                self.inserts += 1
+                raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
+            await super().land(table, rows, dedup_token)
+
+    n = 1000
+    app.landing.settings = replace(app.landing.settings, sink_block_rows=n)
+    sink = use_sink(app, RefusingSink())
+    events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(n)]
+    batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
+
+    async def scenario():
+        return await (await app.landing.handle(RequestEvent, batch))
+
+    assert asyncio.run(scenario()) == {("raw", 0): n}
+    assert "request_events" not in sink.rows and len(sink.rows["dead_letters"]) == n
+    assert sorted(orjson.loads(r)["source_offset"] for r in sink.rows["dead_letters"]) == list(range(n))
+    assert n < sink.inserts <= 1.3 * n, sink.inserts
+
+
 def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetch(app):
     from dataclasses import replace
 

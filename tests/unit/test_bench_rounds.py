@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.bench import lags_while_traffic_flows, over_rounds
+from pipeline.bench import over_rounds, picture_lags
 
 
 def test_a_figure_that_varied_is_its_median_with_its_spread_and_one_that_did_not_is_shown_once():
@@ -47,11 +47,13 @@ def test_bench_refuses_no_rounds(tmp_path):
              rounds=0)
 
 
-def test_picture_lag_counts_the_pictures_published_while_traffic_flowed_not_the_idle_time_after_it():
-    """After the last event every picture's watermark is that event, so its lag is the time since the
-    traffic stopped: counted, the run's last tick set its p99 (0.43-0.59 s against 0.16 s before it)."""
+def test_picture_lag_counts_no_idle_time_after_the_traffic_but_what_the_pipeline_was_behind_then():
+    """After the last event every picture's watermark is that event, so published_at − watermark is the
+    time since the traffic stopped: counted so, the run's last tick set its p99 (0.43-0.59 s against 0.16 s
+    before it). A picture published after the end counts how far behind the traffic it was at the end."""
     ended_ms = 30_000
-    pictures = [(ms, 0.09) for ms in range(500, 30_001, 500)] + [(30_170, 0.43), (30_670, 0.93)]
-    lags = lags_while_traffic_flows(pictures, ended_ms)
-    assert len(lags) == 60 and max(lags) == 0.09
-    assert lags_while_traffic_flows([(30_000, 0.2)], ended_ms) == [0.2]   # published as the last event left
+    steady = [(ms, ms - 90) for ms in range(500, 30_001, 500)]
+    lags = picture_lags(steady + [(30_170, 29_995), (30_670, 29_995)], ended_ms)
+    assert len(lags) == 62 and max(lags) == 0.09 and lags[-2:] == [0.005, 0.005]
+    assert picture_lags([(31_000, 29_000)], ended_ms) == [1.0]   # still a second behind when traffic ended
+    assert picture_lags([(30_000, 30_001)], ended_ms) == [0.0]   # a watermark just past the stamp taken
