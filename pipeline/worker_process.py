@@ -129,9 +129,10 @@ class WorkerProcess:
             self.proc.send_signal(signal.SIGCONT)
 
     def stop(self, timeout_s: float = 60) -> None:
-        """SIGTERM and wait; SIGKILL if it does not exit in time."""
+        """SIGTERM (and SIGCONT, should it be paused) and wait; SIGKILL if it does not exit in time."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGCONT)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -108,11 +108,12 @@ class BlockSink:
 
     async def _land_block(self, block: BlockOutcome) -> None:
         started = time.perf_counter()
-        await self._land_dead_letters(block)
+        await self._land_dead_letters(block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE))
+        rows, token = block.landed_rows(), block.token(block.table)
         try:
-            await self.sink.land(block.table, block.landed_rows(), block.token(block.table))
+            await self.sink.land(block.table, rows, token)
         except StoreRejected as exc:
-            await self._land_in_halves(block, exc)
+            await self._land_in_halves(block, rows, token, exc)
         metrics.SINK_BATCH_SECONDS.labels(block.table).observe(time.perf_counter() - started)
         if block.oldest_event_ms:
             metrics.LANDING_LAG_SECONDS.labels(block.table).observe(max(0.0, time.time() - block.oldest_event_ms / 1000))
@@ -122,10 +123,9 @@ class BlockSink:
         if block.duplicates:
             metrics.EVENTS_DUPLICATE.labels(block.topic).inc(block.duplicates)
 
-    async def _land_dead_letters(self, block: BlockOutcome) -> None:
-        """A block's dead-letter rows; one the store refuses (it should not: they are built to land) is
-        counted and left on the dead-letter topic, where its original bytes already are."""
-        rows, token = block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE)
+    async def _land_dead_letters(self, rows: list[bytes], token: str) -> None:
+        """Dead-letter rows; one the store refuses (it should not: they are built to land) is counted and
+        left on the dead-letter topic, where its original bytes already are."""
         try:
             await self.sink.land(DEAD_LETTER_TABLE, rows, token)
         except StoreRejected:
@@ -136,7 +136,8 @@ class BlockSink:
                     log.error("store refused a dead-letter row of %s: %s", token, exc)
                     metrics.DEAD_LETTERS_UNLANDABLE.inc()
 
-    async def _land_in_halves(self, block: BlockOutcome, refused: StoreRejected) -> None:
+    async def _land_in_halves(self, block: BlockOutcome, rows: list[bytes], token: str,
+                              refused: StoreRejected) -> None:
         """The store refused a block for its data: land it in halves, the refused halves in halves again,
         and a refused piece of at most ``ROW_BY_ROW_ROWS`` rows row by row; a refused row is dead-lettered.
 
@@ -147,9 +148,7 @@ class BlockSink:
         last source offsets (a row's, with its own): a replay after a crash halves the block as before
         and drops whatever landed already, as long as the store refuses the same rows again.
         """
-        log.warning("store refused block %s (%s); landing it in halves", block.token(block.table), refused)
-        token = block.token(block.table)
-        rows = block.landed_rows()
+        log.warning("store refused block %s (%s); landing it in halves", token, refused)
         offsets = [source.offset for source in block.sources]
         refused_rows: dict[int, str] = {}
         pieces = [(0, len(rows), refused)]   # a stack: the first piece is landed first
@@ -169,20 +168,14 @@ class BlockSink:
             else:
                 mid = (lo + hi) // 2
                 pieces += [(mid, hi, None), (lo, mid, None)]
-        for i, detail in refused_rows.items():
-            await self._dead_letter_refused(block, i, detail, token)
+        if refused_rows:
+            now_ms = int(time.time() * 1000)
+            letters = [refused_by_store(block, i, detail, now_ms) for i, detail in refused_rows.items()]
+            for key, letter, _ in letters:
+                await self.send_dead_letter(key, letter)
+            await self._land_dead_letters([row for _, _, row in letters], f"{DEAD_LETTER_TABLE}:{token}#refused")
+            metrics.count_dead_letters(block.topic, {"store_rejected": len(letters)})
         block.rows = [r for i, r in enumerate(block.rows) if i not in refused_rows]
-
-    async def _dead_letter_refused(self, block: BlockOutcome, i: int, detail: str, token: str) -> None:
-        offset = block.sources[i].offset
-        key, letter, letter_row = refused_by_store(block, i, detail, int(time.time() * 1000))
-        await self.send_dead_letter(key, letter)
-        try:
-            await self.sink.land(DEAD_LETTER_TABLE, [letter_row], f"{DEAD_LETTER_TABLE}:{token}#{offset}")
-        except StoreRejected as refused_letter:
-            log.error("store refused the dead-letter row of %s#%d: %s", token, offset, refused_letter)
-            metrics.DEAD_LETTERS_UNLANDABLE.inc()
-        metrics.count_dead_letters(block.topic, {"store_rejected": 1})
 
     async def resume(self, cls: type, topic: str, partition: int, committed: int) -> None:
         """Prepare a newly assigned partition, read from ``committed`` on: the offsets the store holds
