@@ -26,6 +26,25 @@ class MemorySink:
         self.rows.setdefault(table, []).extend(rows)
 
 
+class PickySink(MemorySink):
+    """Refuses as data (``StoreRejected``) every request-event insert holding a row ``refuses`` picks, and
+    records each request-event insert as (token, rows)."""
+
+    def __init__(self, refuses=lambda row: b'"tenant":"poison"' in row):
+        super().__init__()
+        self.refuses = refuses
+        self.inserts: list[tuple[str, int]] = []
+
+    async def land(self, table, rows, dedup_token):
+        from pipeline.sinks.store import StoreRejected
+
+        if table == "request_events":
+            self.inserts.append((dedup_token, len(rows)))
+            if any(self.refuses(r) for r in rows):
+                raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
+        await super().land(table, rows, dedup_token)
+
+
 class MemoryTopic:
     def __init__(self):
         self.sent: list[tuple[bytes, bytes]] = []
@@ -302,14 +321,6 @@ def test_store_health_follows_the_store(app):
 
 
 def test_rows_the_store_refuses_are_dead_lettered_and_the_rest_land(app):
-    from pipeline.sinks.store import StoreRejected
-
-    class PickySink(MemorySink):
-        async def land(self, table, rows, dedup_token):
-            if table == "request_events" and any(b'"tenant":"poison"' in r for r in rows):
-                raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
-            await super().land(table, rows, dedup_token)
-
     sink = use_sink(app, PickySink())
     events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1", tenant="poison" if i == 2 else "acme")
               for i in range(4)]
@@ -332,20 +343,6 @@ def test_a_refused_block_lands_in_halves_so_two_bad_rows_among_thousands_cost_do
     on chdb); halving the refused pieces costs about 2·log2(n) per bad row. Every other row lands, in
     offset order, each piece under a token of its own offsets."""
     from dataclasses import replace
-
-    from pipeline.sinks.store import StoreRejected
-
-    class PickySink(MemorySink):
-        def __init__(self):
-            super().__init__()
-            self.inserts = []
-
-        async def land(self, table, rows, dedup_token):
-            if table == "request_events":
-                self.inserts.append((dedup_token, len(rows)))
-                if any(b'"tenant":"poison"' in r for r in rows):
-                    raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
-            await super().land(table, rows, dedup_token)
 
     n, poisoned = 5000, {1234, 4321}
     app.landing.settings = replace(app.landing.settings, sink_block_rows=n)
@@ -374,22 +371,9 @@ def test_a_block_of_refused_rows_costs_about_its_rows_in_inserts_not_twice_them(
     by row, so it costs about 1.25 n (row by row alone: n + 1), and every row is dead-lettered once."""
     from dataclasses import replace
 
-    from pipeline.sinks.store import StoreRejected
-
-    class RefusingSink(MemorySink):
-        def __init__(self):
-            super().__init__()
-            self.inserts = 0
-
-        async def land(self, table, rows, dedup_token):
-            if table == "request_events":
-                self.inserts += 1
-                raise StoreRejected("Code: 27. CANNOT_PARSE_INPUT_ASSERTION_FAILED")
-            await super().land(table, rows, dedup_token)
-
     n = 1000
     app.landing.settings = replace(app.landing.settings, sink_block_rows=n)
-    sink = use_sink(app, RefusingSink())
+    sink = use_sink(app, PickySink(refuses=lambda row: True))
     events = [request_event(task_id=f"task-{i}", request_id=f"task-{i}-r1") for i in range(n)]
     batch = records("raw", [(e["task_id"].encode(), orjson.dumps(e)) for e in events])
 
@@ -399,7 +383,7 @@ def test_a_block_of_refused_rows_costs_about_its_rows_in_inserts_not_twice_them(
     assert asyncio.run(scenario()) == {("raw", 0): n}
     assert "request_events" not in sink.rows and len(sink.rows["dead_letters"]) == n
     assert sorted(orjson.loads(r)["source_offset"] for r in sink.rows["dead_letters"]) == list(range(n))
-    assert n < sink.inserts <= 1.3 * n, sink.inserts
+    assert n < len(sink.inserts) <= 1.3 * n, len(sink.inserts)
 
 
 def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetch(app):
