@@ -137,8 +137,7 @@ def bench_ingest(settings: Settings, events: int, work_dir: Path, role: str = "l
     try:
         for proc in procs:
             proc.start()
-        for name in groups:
-            asyncio.run(wait_for_group(run_settings, bootstrap, name, workers, GROUP_FORMED_TIMEOUT_S))
+        asyncio.run(wait_for_groups(run_settings, bootstrap, groups, workers, GROUP_FORMED_TIMEOUT_S))
         for proc in procs:
             proc.pause()
         stopped = time.perf_counter()
@@ -187,23 +186,27 @@ STOPPED_MAX_S = 0.8 * STOPPED_SESSION_TIMEOUT_S
 GROUP_FORMED_TIMEOUT_S = 120.0
 
 
-async def wait_for_group(settings: Settings, bootstrap: str, group: str, members: int, timeout_s: float) -> None:
-    """Until ``group`` is Stable with ``members`` members (each then holds its partitions)."""
+async def wait_for_groups(settings: Settings, bootstrap: str, groups: list[str], members: int,
+                          timeout_s: float) -> None:
+    """Until every one of ``groups`` is Stable with ``members`` members at once (each member then holds
+    its partitions): one group settling can rebalance none of the others, but one look proves it."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(settings))
     await admin.start()
     try:
         deadline = time.monotonic() + timeout_s
-        seen = None
+        seen: dict[str, tuple] = {}
         while time.monotonic() < deadline:
-            response, = await admin.describe_consumer_groups([group])
-            error, _group, state, _type, _protocol, listed, *_ = response.groups[0]
-            seen = (state, len(listed), f"error code {error}")
-            if seen[:2] == ("Stable", members):
+            for name in groups:   # one a call: aiokafka failed to decode one response describing two
+                response, = await admin.describe_consumer_groups([name])
+                error, _group, state, _type, _protocol, listed, *_ = response.groups[0]
+                seen[name] = (state, len(listed), f"error code {error}")
+            if all(seen.get(group, ())[:2] == ("Stable", members) for group in groups):
                 return
             await asyncio.sleep(0.2)
-        raise RuntimeError(f"group {group} not Stable with {members} members in {timeout_s:.0f} s (last: {seen})")
+        raise RuntimeError(f"groups {groups} not all Stable with {members} members in {timeout_s:.0f} s "
+                           f"(last: {seen})")
     finally:
         await admin.close()
 
