@@ -188,8 +188,8 @@ GROUP_FORMED_TIMEOUT_S = 120.0
 
 async def wait_for_groups(settings: Settings, bootstrap: str, groups: list[str], members: int,
                           timeout_s: float) -> None:
-    """Until every one of ``groups`` is Stable with ``members`` members at once (each member then holds
-    its partitions): one group settling can rebalance none of the others, but one look proves it."""
+    """Until every one of ``groups`` is Stable with ``members`` members in the same look (each member then
+    holds its partitions)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(settings))
@@ -202,7 +202,7 @@ async def wait_for_groups(settings: Settings, bootstrap: str, groups: list[str],
                 response, = await admin.describe_consumer_groups([name])
                 error, _group, state, _type, _protocol, listed, *_ = response.groups[0]
                 seen[name] = (state, len(listed), f"error code {error}")
-            if all(seen.get(group, ())[:2] == ("Stable", members) for group in groups):
+            if all(seen[name][:2] == ("Stable", members) for name in groups):
                 return
             await asyncio.sleep(0.2)
         raise RuntimeError(f"groups {groups} not all Stable with {members} members in {timeout_s:.0f} s "

@@ -13,6 +13,7 @@ from pipeline.load.partial import PartialBuilder
 from pipeline.settings import Settings, load_settings
 from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
 from pipeline.sinks.block_sink import BlockSink
+from pipeline.sinks.store import StoreRejected
 
 
 class MemorySink:
@@ -36,8 +37,6 @@ class PickySink(MemorySink):
         self.inserts: list[tuple[str, int]] = []
 
     async def land(self, table, rows, dedup_token):
-        from pipeline.sinks.store import StoreRejected
-
         if table == "request_events":
             self.inserts.append((dedup_token, len(rows)))
             if any(self.refuses(r) for r in rows):
