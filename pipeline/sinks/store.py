@@ -57,6 +57,12 @@ OUTAGE_CODES = {
 }
 CODE = re.compile(r"Code: (\d+)")
 
+# Every insert skips the merge a ReplacingMergeTree otherwise runs on each new part (optimize_on_insert):
+# it only drops repeated sorting keys within one block, which the sink has already dropped (recent event
+# ids) and every exact read drops again (FINAL); the views downstream never saw its effect. It costs
+# about a tenth of a landing insert (docs/performance.md, session 18).
+INSERT_SETTINGS = {"optimize_on_insert": 0}
+
 
 def insert_error(exc: Exception) -> Exception:
     """A refused insert: ``StoreRejected`` when the data is at fault, else ``StoreUnavailable``."""
@@ -157,7 +163,7 @@ class ClickHouseStore:
 
     def insert(self, table: str, rows: bytes, dedup_token: str | None = None) -> None:
         # a SETTINGS clause of the insert on chdb, a request parameter on a server: per insert on both
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+        settings = dict(INSERT_SETTINGS, insert_deduplication_token=dedup_token) if dedup_token else dict(INSERT_SETTINGS)
         with self._lock:
             self._check_open()
             try:
