@@ -125,7 +125,10 @@ class Settings:
         min=1, max=16))
     sink_block_rows: int = field(default=5000, metadata=_doc(
         "Rows a source partition's block gathers before it lands as one insert (ClickHouse: thousands of "
-        "rows per insert).", min=1, max=1_000_000))
+        "rows per insert). Each insert has a fixed cost (the per-minute view's query is planned per insert), so "
+        "larger blocks land faster when a backlog fills them: 20000 measured about 30% more events/s through "
+        "the landing worker, and about 500 MiB more RSS with 6 partitions (docs/performance.md).",
+        min=1, max=1_000_000))
     sink_block_age_s: float = field(default=1.0, metadata=_doc(
         "Longest a block gathers rows before it lands, seconds: the bound on landing lag it adds "
         "(0 lands every fetched batch at once).", min=0, max=60))
