@@ -136,6 +136,9 @@ ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
 CONTROL_EVENTS = Counter("sluice_control_events_total",
                          "Raw events the control path handled, by topic and outcome (folded, dead_lettered, duplicate).",
                          ["topic", "outcome"], registry=REGISTRY)
+CONTROL_EVENTS_AHEAD = Counter("sluice_control_events_ahead_of_clock_total",
+                               "Events the control path folded as of its own clock because their event_time was "
+                               "ahead of it (a fast clock at their source), by topic.", ["topic"], registry=REGISTRY)
 LANDING_CONSUMER_LAG = Gauge("sluice_landing_consumer_lag_records",
                              "Records the landing path has yet to read, by topic.", ["topic"], registry=REGISTRY)
 CONSUMER_LAG = Gauge("sluice_consumer_lag_records", "Records the control path has yet to read, by raw topic.", ["topic"],

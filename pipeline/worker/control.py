@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics, topics
 from ..events import Event, ReplicaSample, RequestEvent
-from ..ingest import Record, RecentIds, TimeBounds, decode_records
+from ..ingest import Record, RecentIds, TimeBounds, as_of_clock, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
@@ -94,7 +94,8 @@ class ControlConsumer(BatchLoop):
         if not records:
             return
         seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
-        decoded = decode_records(cls, records, s.max_event_bytes, int(time.time() * 1000), seen, self.bounds)
+        now_ms = int(time.time() * 1000)
+        decoded = decode_records(cls, records, s.max_event_bytes, now_ms, seen, self.bounds)
         if decoded.dead_letters:
             sent = [await self.dead_letter_topic.send(key=key, value=letter) for _, key, letter in decoded.dead_letters]
             await asyncio.gather(*sent)
@@ -107,6 +108,7 @@ class ControlConsumer(BatchLoop):
         metrics.CONTROL_EVENTS.labels(topic, "duplicate").inc(decoded.duplicates)
         if decoded.newest_event_ms:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(decoded.newest_event_ms / 1000)
+        metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(as_of_clock(decoded.events, now_ms))
         if cls is ReplicaSample:
             for event in decoded.events:
                 builder.fold_sample(event)

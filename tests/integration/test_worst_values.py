@@ -226,6 +226,45 @@ def test_events_from_the_future_are_dead_lettered_and_a_shedding_pool_keeps_shed
           f"{sorted({x['state'] for x in window})}, sheddable <= {most}")
 
 
+def test_a_source_whose_clock_runs_fast_within_the_skew_cannot_blind_a_shedding_pool(loop_settings, worker_factory):
+    """A third replica of the pool, and requests, stamped by a clock 45 s fast: inside max_clock_skew_s, so
+    accepted. Folded at their own times they would carry the pool's watermark 45 s ahead: every real sample
+    late, the real replicas stale, the pool read as one calm replica, and the shedding would stop. The control
+    path folds them as of its own clock, so the real replicas keep the pool shedding."""
+    s = loop_settings
+    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s).start()
+    requests_topic, replicas_topic = topics.REQUESTS.name(s), topics.REPLICAS.name(s)
+
+    async def scenario():
+        async with ShedLoop(s) as loop:
+            await loop.shedding()
+
+            async def fast_source():
+                for n in range(10**6):
+                    fast_ms = now_ms() + 45_000
+                    sample = overloaded_sample("hot-fast", fast_ms, 0) | {
+                        "requests_running": 0, "requests_waiting": 0, "kv_cache_usage": 0.05}
+                    event = request_event(event_time=fast_ms, pool=POOL, task_id=f"fast-{n}", request_id=f"fast-{n}-r1")
+                    await loop.producer.send(replicas_topic, orjson.dumps(sample), key=b"hot-fast")
+                    await loop.producer.send(requests_topic, orjson.dumps(event), key=event["task_id"].encode())
+                    await asyncio.sleep(0.25)  # the fast source's sampling interval, not a synchronisation
+
+            source = asyncio.create_task(fast_source())
+            try:
+                await until(lambda: metric(worker, "sluice_control_events_ahead_of_clock_total") >= 8, 30,
+                            "the control path to fold the fast clock's events")
+                return await loop.keeps_shedding(now_ms())
+            finally:
+                source.cancel()
+                await asyncio.gather(source, return_exceptions=True)
+
+    window = run(scenario())
+    assert metric(worker, "sluice_control_events_total", outcome="dead_lettered") == 0, "inside the skew: folded, not refused"
+    print(f"\nfast clock: {len(window)} signals over {HOLD_S}s, all {sorted({x['state'] for x in window})}, "
+          f"sheddable <= {max(x['admit_fraction']['sheddable'] for x in window)}")
+
+
 # 2 -----------------------------------------------------------------------------------------------------------
 
 def badly_named_tenant_partial(requests_topic: str) -> bytes:

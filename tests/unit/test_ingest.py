@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import RecentIds, Record, TimeBounds, decode_records
+from pipeline.ingest import RecentIds, Record, TimeBounds, as_of_clock, decode_records
 from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
 
@@ -157,3 +157,16 @@ def test_an_event_ahead_of_the_workers_clock_is_dead_lettered(ahead_s):
     decoded = decode_records(RequestEvent, records, 1 << 20, now, bounds=bounds)
     assert [e.event_time for e in decoded.events] == [now + 30_000, now - 86_400_000]
     assert decoded.reasons == {"event_time_ahead": 1, "event_time_too_old": 1}
+
+
+def test_events_ahead_of_the_workers_clock_but_within_the_skew_are_folded_as_of_now():
+    """A source whose clock runs 45 s fast (inside max_clock_skew_s) must not carry a pool's watermark past
+    the allowed lateness of every other source: the control path takes its events as happening now."""
+    now = 1_700_000_000_000
+    events = [request_event(event_time=now + 45_000), request_event(event_time=now - 250),
+              request_event(event_time=now)]
+    records = [Record("raw", 0, i, 1, b"task-1", orjson.dumps(e)) for i, e in enumerate(events)]
+    decoded = decode_records(RequestEvent, records, 1 << 20, now, bounds=TimeBounds(max_ahead_ms=60_000))
+    assert decoded.newest_event_ms == now + 45_000, "the metric still shows the source's own clock"
+    assert as_of_clock(decoded.events, now) == 1
+    assert [e.event_time for e in decoded.events] == [now, now - 250, now]
