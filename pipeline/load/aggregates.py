@@ -12,7 +12,7 @@ from typing import Any
 
 from ..contract import compile_schema, load_schema
 from ..events import PRIORITIES, ReplicaSample, RequestEvent
-from .checks import amount, count, mapping
+from .checks import MAX_COUNT, amount, count, mapping
 from .sketch import QuantileSketch
 
 SAMPLE_FIELDS = load_schema("replica_sample")["properties"]
@@ -269,8 +269,19 @@ class ReplicaTracker:
     A counter that decreases means the engine restarted: the new value is the
     delta since the restart, never a negative one. A sample older than the
     newest one seen is out of order: its gauges are kept if newer elsewhere,
-    its counters are not differenced.
+    its counters are not differenced. A delta no engine could count in the gap
+    (``MAX_COUNTER_RATE``) is a broken exporter, not work: counted as 0 (and in
+    ``jumps``), or one replica's counter would refuse the whole partial at stage 2
+    (past ``MAX_COUNT``) or read as the pool's compute.
+
+    It remembers the newest sample of at most ``MAX_TRACKED`` replicas, the least
+    recently sampled dropped first: replica ids that churn (pod names, forged
+    ids) would otherwise grow it for the worker's lifetime. A replica dropped and
+    heard from again starts over, as at its first sample.
     """
+
+    MAX_COUNTER_RATE = 1e8   # per second and GPU, any counter: a thousand times what one GPU prefills, cached prompts included
+    MAX_TRACKED = 20_000
 
     COUNTERS = (("prompt_tokens_total", "prompt_tokens"), ("generation_tokens_total", "generation_tokens"),
                 ("preemptions_total", "preemptions"), ("prefix_cache_hits_total", "prefix_hits"),
@@ -278,9 +289,10 @@ class ReplicaTracker:
 
     def __init__(self, max_gap_s: float) -> None:
         self.max_gap_ms = max_gap_s * 1000
-        self.last: dict[str, ReplicaSample] = {}
+        self.last: dict[str, ReplicaSample] = {}   # least recently sampled first
         self.restarts = 0
         self.out_of_order = 0
+        self.jumps = 0
 
     def deltas(self, s: ReplicaSample) -> dict[str, float] | None:
         """Counter deltas since this replica's previous sample, or None for its first (or a stale) one."""
@@ -288,18 +300,27 @@ class ReplicaTracker:
         if prev is not None and s.event_time < prev.event_time:
             self.out_of_order += 1
             return None
+        if prev is not None:
+            del self.last[s.replica_id]   # re-inserted last: the dict's order is the sampling order
+        elif len(self.last) >= self.MAX_TRACKED:
+            del self.last[next(iter(self.last))]
         self.last[s.replica_id] = s
         if prev is None:
             return None
         out: dict[str, float] = {}
         restarted = False
+        gap_ms = s.event_time - prev.event_time
+        most = min(float(MAX_COUNT), self.MAX_COUNTER_RATE * max(s.gpu_count, 1) * max(gap_ms, 1000) / 1000)
         for counter, name in self.COUNTERS:
             now, before = getattr(s, counter), getattr(prev, counter)
             if now < before:
                 restarted = True
-            out[name] = now if now < before else now - before
+            delta = now if now < before else now - before
+            if delta > most:
+                self.jumps += 1
+                delta = 0.0
+            out[name] = delta
         if restarted:
             self.restarts += 1
-        gap_ms = s.event_time - prev.event_time
         out["gpu_seconds"] = min(gap_ms, self.max_gap_ms) / 1000 * s.gpu_count
         return out

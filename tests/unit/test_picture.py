@@ -217,6 +217,32 @@ def test_counter_reset_is_a_restart_not_a_negative_delta():
     assert builder.tracker.restarts == 1
 
 
+def test_a_counter_jump_no_engine_could_count_is_dropped_not_fatal_to_the_partial():
+    """A broken exporter jumping a counter by 1e16 (the schema allows 1e18): the delta is dropped, so the
+    partial, which also carries the pool's request events, still passes stage 2's checks."""
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_request(RequestEvent(**request_event(pool="p", event_time=100_000)))
+    builder.fold_sample(sample("r1", 100, 0, 0.5, 5))
+    jumped = sample("r1", 101, 0, 0.5, 7)
+    jumped.prompt_tokens_total = 1e16        # past what stage 2 accepts as a count
+    jumped.generation_tokens_total = 1e12    # a count, but not one 4 GPUs make in a second
+    builder.fold_sample(jumped)
+    (partial,) = builder.drain(1)
+    again = Partial.from_bytes(partial.to_bytes())
+    assert again.replicas["r1"].seconds[101]["prompt_tokens"] == 0
+    assert again.replicas["r1"].seconds[101]["generation_tokens"] == 0
+    assert again.replicas["r1"].seconds[101]["preemptions"] == 2, "the other counters still count"
+    assert builder.tracker.jumps == 2 and list(again.requests) == [100], "the request events go with it"
+
+
+def test_the_tracker_forgets_the_least_recently_sampled_replica_beyond_its_bound(monkeypatch):
+    builder = PartialBuilder("raw/0", 15)
+    monkeypatch.setattr(builder.tracker, "MAX_TRACKED", 3)
+    for i, replica in enumerate(("a", "b", "c", "a", "d")):
+        builder.fold_sample(sample(replica, 100 + i, 0, 0.5, i))
+    assert list(builder.tracker.last) == ["c", "a", "d"]
+
+
 def test_out_of_order_sample_is_not_differenced():
     builder = PartialBuilder("raw/0", 15)
     builder.fold_sample(sample("r1", 100, 0, 0.5, 5))
