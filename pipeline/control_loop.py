@@ -43,6 +43,7 @@ class Step:
     signals: list[Signal] = field(default_factory=list)  # due signals, for sluice.admission.v1
     forgotten: list[str] = field(default_factory=list)   # pools idle past pool_idle_ms: tombstones for both
     released: list[tuple[str, str]] = field(default_factory=list)  # (pool, partial id) the forgotten pools held
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (pool, error): its picture or decision raised
 
 
 def _random_id() -> str:
@@ -128,7 +129,11 @@ class ControlLoop:
             self.changed.discard(pool)
             out.forgotten.append(pool)
         for pool in sorted(self.changed):
-            picture = self.states[pool].snapshot(self.configs.for_pool(pool))
+            try:
+                picture = self.states[pool].snapshot(self.configs.for_pool(pool))
+            except Exception as exc:  # one pool's state costs that pool's picture, never every pool's signals
+                out.failed.append((pool, f"{type(exc).__name__}: {exc}"[:300]))
+                continue
             picture["published_at_ms"] = now_ms
             self.pictures[pool] = picture
             out.pictures.append(picture)
@@ -137,7 +142,11 @@ class ControlLoop:
         for pool, picture in self.pictures.items():
             models = set(picture.get("models", ()))
             siblings = [p for other, p in everyone.items() if other != pool and models & set(p.get("models", ()))]
-            decision = decide(picture, self.decisions.get(pool, Decision(pool)), self.policy, now_ms, siblings)
+            try:
+                decision = decide(picture, self.decisions.get(pool, Decision(pool)), self.policy, now_ms, siblings)
+            except Exception as exc:  # no signal for this pool: its routers' last one expires as documented
+                out.failed.append((pool, f"{type(exc).__name__}: {exc}"[:300]))
+                continue
             self.decisions[pool] = decision
             last = self.published.get(pool)
             if last is not None and not changed(last[0], decision) and now_ms - last[1] < self.heartbeat_ms:

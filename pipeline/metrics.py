@@ -136,6 +136,9 @@ ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
 CONTROL_EVENTS = Counter("sluice_control_events_total",
                          "Raw events the control path handled, by topic and outcome (folded, dead_lettered, duplicate).",
                          ["topic", "outcome"], registry=REGISTRY)
+POOL_STEP_FAILURES = Counter("sluice_pool_step_failures_total",
+                             "Ticks at which one pool's picture or decision raised: that pool got no signal, "
+                             "the others went on (the worker's log names the pool and the error).", registry=REGISTRY)
 CONTROL_EVENTS_AHEAD = Counter("sluice_control_events_ahead_of_clock_total",
                                "Events the control path folded as of its own clock because their event_time was "
                                "ahead of it (a fast clock at their source), by topic.", ["topic"], registry=REGISTRY)

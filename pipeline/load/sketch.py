@@ -81,7 +81,10 @@ class QuantileSketch:
     @classmethod
     def from_dict(cls, data: dict) -> "QuantileSketch":
         """Raises on a sketch stage 1 could not have written (pipeline/load/checks.py)."""
-        sketch = cls(amount(mapping(data, "a sketch")["a"], "a sketch's alpha", 1))
+        alpha = mapping(data, "a sketch")["a"]
+        if alpha != DEFAULT_ALPHA:   # every sketch stage 1 writes has it; another cannot merge with the pool's
+            raise ValueError(f"a sketch's alpha is not {DEFAULT_ALPHA}: {alpha!r:.50}")
+        sketch = cls(DEFAULT_ALPHA)
         sketch.zeros, sketch.count = count(data["z"], "a sketch's zeros"), count(data["n"], "a sketch's count")
         sketch.total = amount(data["s"], "a sketch's total", math.inf)
         buckets = sketch.buckets = {int(k): n for k, n in mapping(data["b"], "a sketch's buckets").items()}

@@ -71,11 +71,15 @@ class Stage2:
         self.unwanted: dict[int, list[bytes]] = {}  # partials partition → table keys to delete there
         self.unwritten: dict[int, dict[bytes, bytes]] = {}  # partials partition → table key: value to write there
         self.clock = time.time
+        self.failing: dict[str, str] = {}  # pool → the error its last step raised
 
     def _ahead(self, partial: Partial) -> bool:
         """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
-        times were bounded) would move the pool's watermark and make every real event late."""
-        return partial.newest_ms > self.clock() * 1000 + self.max_ahead_ms
+        times were bounded) would move the pool's watermark and make every real event late; a replica's
+        latest sample from the future would keep a ghost replica fresh for ever."""
+        newest = max((r.latest.event_time for r in partial.replicas.values() if r.latest is not None),
+                     default=partial.newest_ms)
+        return max(newest, partial.newest_ms) > self.clock() * 1000 + self.max_ahead_ms
 
     def _from_the_future(self, partial: Partial) -> bool:
         """``_ahead``, logged and counted."""
@@ -224,6 +228,11 @@ class Stage2:
         """One step of the control loop; its pictures and signals go out, and into the metrics."""
         now = self.clock()
         step = self.loop.step(int(now * 1000), self.fleet)
+        for pool, error in step.failed:
+            if self.failing.get(pool) != error:   # once per pool and error, not every tick
+                log.error("pool %s: its picture or decision raised, so it gets no signal: %s", pool, error)
+            metrics.POOL_STEP_FAILURES.inc()
+        self.failing = dict(step.failed)
         for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
             self._unwanted(pool.encode(), table_key(pool, partial_id))
         sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]

@@ -9,7 +9,7 @@ import pytest
 from pipeline.agents import create_app
 from pipeline.events import ReplicaSample, RequestEvent
 from pipeline.ingest import Record
-from pipeline.load.partial import PartialBuilder
+from pipeline.load.partial import Partial, PartialBuilder
 from pipeline.settings import Settings, load_settings
 from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
 from pipeline.sinks.block_sink import BlockSink
@@ -461,6 +461,23 @@ def test_a_changelog_poisoned_by_a_partial_from_the_future_heals_on_rebuild(app)
     app.stage2.merge(late_poison, late_poison.to_bytes())
     assert app.stage2.loop.states["llama-70b-a"].watermark_ms == now, "a live partial from the future is refused"
     assert not any(b"raw/2" in key for key in table)
+
+
+def test_a_live_partial_whose_replica_sample_is_from_the_future_is_refused(app):
+    """Its newest_ms current, one replica's latest sample in 2100: merged, that replica would stay fresh for
+    ever (never stale, never evicted), holding a place among the pool's replicas."""
+    import time as clock
+
+    now = int(clock.time() * 1000)
+    builder = PartialBuilder("raw/0", 15)
+    builder.fold_request(RequestEvent(**request_event(event_time=now)))
+    builder.fold_sample(ReplicaSample(**replica_sample(pool="llama-70b-a", replica_id="ghost", event_time=now)))
+    (partial,) = builder.drain("0-0")
+    doc = orjson.loads(partial.to_bytes())
+    doc["replicas"]["ghost"]["latest"]["event_time"] = 4_102_000_000_000
+    forged = Partial.from_dict(doc)
+    app.stage2.merge(forged, orjson.dumps(doc))
+    assert "llama-70b-a" not in app.stage2.loop.states, "refused whole, as a partial from the future"
 
 
 def test_a_table_value_that_does_not_parse_costs_that_value_not_the_rebuild(app):

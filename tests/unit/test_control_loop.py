@@ -84,3 +84,34 @@ def test_replicas_refused_at_a_pools_bound_are_counted():
                         for i in range(MAX_REPLICAS + 76)}
     control.merge(partial)
     assert control.refused_replicas == 76 and len(control.states["p"].replicas) == MAX_REPLICAS
+
+
+def test_a_pool_whose_picture_raises_costs_only_that_pools_signal(monkeypatch):
+    """An unforeseen error in one pool's state (a bug, a value no check caught) must not stop every other
+    pool's signals: the failing pool is named in the step and gets no signal (its routers' last one expires
+    as documented), the others are signalled."""
+    control = loop()
+    now = 1_700_000_000_000
+    control.merge(partial_for("good", now, 1))
+    control.merge(partial_for("bad", now, 2))
+
+    def broken(config):
+        raise ValueError("cannot merge sketches with different alpha")
+
+    monkeypatch.setattr(control.states["bad"], "snapshot", broken)
+    step = control.step(now + 1000)
+    assert [s.pool for s in step.signals] == ["good"]
+    assert step.failed == [("bad", "ValueError: cannot merge sketches with different alpha")]
+
+
+def test_a_sketch_stage_1_could_not_have_written_refuses_its_partial():
+    """A sketch with another alpha would merge by reference and make every later merge into that pool raise."""
+    import orjson
+    import pytest
+    from pipeline.load.partial import Partial
+
+    doc = orjson.loads(partial_for("p", 1_700_000_000_000, 1).to_bytes())
+    (second,) = doc["requests"].values()
+    second["q_ttft"] = {"a": 0.5, "z": 0, "n": 1, "s": 1.0, "b": {"1": 1}}
+    with pytest.raises(ValueError, match="alpha"):
+        Partial.from_dict(doc)
