@@ -148,6 +148,13 @@ def test_expired_signal_fail_static_then_adaptive_throttling():
     assert all(isinstance(decider.decide(Request("p", "sheddable")), Admit) for _ in range(100))
 
 
+@pytest.mark.parametrize("priority", ["Critical", "high", ""])
+def test_an_unknown_priority_is_refused_whether_or_not_the_pool_has_a_signal(priority):
+    """It raised a KeyError only for a pool with a signal: a typo passed every test run without one."""
+    with pytest.raises(ValueError, match="critical, standard, sheddable, deferrable"):
+        Request("p", priority)
+
+
 def test_no_signal_for_an_unknown_pool_throttles_adaptively():
     decider = Decider(SignalBook(KEYS), seed=1, clock=Clock(5.0))
     assert isinstance(decider.decide(Request("unknown", "standard")), Admit)
