@@ -29,7 +29,7 @@ class RouterClient:
                  fallback_static_s: float = 30.0) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.book = SignalBook(keys)
+        self.book = SignalBook(keys, max_pools=settings.max_pools)
         self.decider = Decider(self.book, seed=seed, fallback_static_s=fallback_static_s, clock=self.book.clock)
         self._task: asyncio.Task | None = None
         self._consumer: Any = None

@@ -25,15 +25,20 @@ class SignalBook:
     ``max_skew_s`` in the future (a controller with a fast clock) is refused, or its ``seq`` would make
     every correct signal after it look replayed; so is one valid for longer than ``max_validity_s``, and
     one already expired on arrival (a slow clock), which would displace a valid signal.
+
+    At most ``max_pools`` pools are kept (the controller's setting of that name: it signals no more at once);
+    a new pool beyond it evicts the one whose signal is oldest, a pool its controller stopped signalling.
+    Tombstones carry no pool here, so without the bound every pool ever signalled would stay.
     """
 
     def __init__(self, keys: Mapping[str, bytes], clock: Callable[[], float] = time.time, max_skew_s: float = 30.0,
-                 max_validity_s: float = 60.0) -> None:
+                 max_validity_s: float = 60.0, max_pools: int = 1000) -> None:
         self.keys = dict(keys)
+        self.max_pools = max_pools
         self.clock = clock
         self.max_skew_ms = max_skew_s * 1000
         self.max_validity_ms = max_validity_s * 1000
-        self.signals: dict[str, dict] = {}
+        self.signals: dict[str, dict] = {}   # the pool whose newest signal is oldest first
         self.tenants: dict[str, dict[str, dict]] = {}   # per pool: the newest signal's tenant entries by name
         self.refused: dict[str, int] = {}
 
@@ -60,9 +65,15 @@ class SignalBook:
             return self._refuse("validity_too_long")
         if signal["valid_until"] < now_ms - self.max_skew_ms:
             return self._refuse("expired")
-        current = self.signals.get(signal["pool"])
+        pool = signal["pool"]
+        current = self.signals.get(pool)
         if current is not None and signal["seq"] <= current["seq"]:
             return self._refuse("replayed")
-        self.signals[signal["pool"]] = signal
-        self.tenants[signal["pool"]] = {entry["tenant"]: entry for entry in signal.get("tenant_admit_fraction", ())}
+        if current is not None:
+            del self.signals[pool]   # inserted again below, last: the dict is ordered by the newest accepted
+        elif len(self.signals) >= self.max_pools:
+            oldest = next(iter(self.signals))
+            del self.signals[oldest], self.tenants[oldest]
+        self.signals[pool] = signal
+        self.tenants[pool] = {entry["tenant"]: entry for entry in signal.get("tenant_admit_fraction", ())}
         return True

@@ -129,6 +129,43 @@ def test_local_retry_budget():
     assert decider.decide(Request("p", "critical", retry=True)) == Reject(1.0, "retry_budget")  # 3 of 21
 
 
+def test_each_pool_spends_its_own_retry_budget():
+    """One count for every pool: a retry storm in one pool spent a quiet pool's budget, and a busy healthy pool's
+    first attempts let a failing pool (its budget tightened to 1 %) retry as much as it liked."""
+    book = book_with(signed(pool="a")[0], signed(pool="b")[0])
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for _ in range(50):
+        decider.decide(Request("a", "standard"))
+        decider.decide(Request("a", "standard", retry=True))
+    for _ in range(100):
+        decider.decide(Request("b", "standard"))
+    assert decider.decide(Request("b", "standard", retry=True)) == ADMIT, "1 retry in 101 attempts: within 10 %"
+    book.signals["a"]["retry_budget"] = 0.01
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for _ in range(2000):
+        decider.decide(Request("b", "standard"))
+    for _ in range(10):
+        decider.decide(Request("a", "standard"))
+    retries = [decider.decide(Request("a", "standard", retry=True)) for _ in range(20)]
+    assert all(verdict == Reject(1.0, "retry_budget") for verdict in retries)
+
+
+def test_the_pools_a_router_tracks_are_bounded_the_least_recently_signalled_evicted_first():
+    """Tombstones reach the book without their pool, so every pool a controller ever signalled stayed; and the
+    retry counts follow request pools."""
+    book = SignalBook(KEYS, clock=Clock(1_000.0), max_pools=2)
+    assert book.offer(signed(pool="a", now_ms=999_000)[0]) and book.offer(signed(pool="b", now_ms=999_000)[0])
+    assert book.offer(signed(pool="a", now_ms=999_500)[0])          # a refreshed: b is now the oldest
+    assert book.offer(signed(pool="c")[0])
+    assert list(book.signals) == ["a", "c"] and set(book.tenants) == {"a", "c"}
+    assert not book.offer(signed(pool="a", now_ms=999_000)[0]), "a's seq is still remembered"
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for pool in ("a", "c", "a", "b", "c"):
+        book.offer(signed(pool=pool)[0])
+        decider.decide(Request(pool, "standard"))
+    assert list(decider.attempts) == ["b", "c"]
+
+
 def test_expired_signal_fail_static_then_adaptive_throttling():
     message, signal = signed(now_ms=1_000_000)
     book = book_with(message)
