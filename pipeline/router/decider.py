@@ -34,8 +34,9 @@ class Decider:
 
     def decide(self, request: Request) -> Verdict:
         now = self.clock()
-        signal = self.book.signals.get(request.pool)
-        if signal is not None and now * 1000 > signal["valid_until"] + self.fallback_static_ms:
+        now_ms = now * 1000
+        signal = self.book.current(request.pool, now_ms)
+        if signal is not None and now_ms > signal["valid_until"] + self.fallback_static_ms:
             signal = None  # expired beyond the fail-static grace: fall back
         if signal is None:
             return self._throttle(now)

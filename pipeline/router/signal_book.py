@@ -46,6 +46,18 @@ class SignalBook:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         return False
 
+    def current(self, pool: str, now_ms: float) -> dict | None:
+        """The pool's newest trusted signal, judged by the router's clock now (epoch ms).
+
+        One issued more than ``max_skew_s`` ahead of this clock (it stepped back since the signal was accepted)
+        is taken as expiring now, so it is obeyed for the fail-static grace only: by its own times it would rule
+        until the clock caught up, while every newer signal is refused as issued in the future. Its ``seq``
+        stays: the controller's newer signals are accepted once their times agree with this clock."""
+        signal = self.signals.get(pool)
+        if signal is not None and signal["issued_at"] > now_ms + self.max_skew_ms:
+            signal = self.signals[pool] = {**signal, "issued_at": int(now_ms), "valid_until": int(now_ms)}
+        return signal
+
     def offer(self, message: bytes | None) -> bool:
         """Take a message from the admission topic; False (and counted) when it is not trusted."""
         if message is None:
@@ -59,6 +71,7 @@ class SignalBook:
         except Invalid:
             return self._refuse("invalid")
         now_ms = self.clock() * 1000
+        current = self.current(signal["pool"], now_ms)   # first: a controller's signals notice a step back
         if signal["issued_at"] > now_ms + self.max_skew_ms:
             return self._refuse("issued_in_future")
         if signal["valid_until"] - signal["issued_at"] > self.max_validity_ms:
@@ -66,7 +79,6 @@ class SignalBook:
         if signal["valid_until"] < now_ms - self.max_skew_ms:
             return self._refuse("expired")
         pool = signal["pool"]
-        current = self.signals.get(pool)
         if current is not None and signal["seq"] <= current["seq"]:
             return self._refuse("replayed")
         if current is not None:

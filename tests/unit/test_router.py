@@ -233,6 +233,36 @@ def test_a_controller_an_hour_fast_cannot_pin_the_routers():
     assert all(decider.decide(Request("p", c, slo_ttft_s=2.0)) == ADMIT for c in ("critical", "sheddable"))
 
 
+def test_a_router_clock_stepped_back_obeys_its_last_signal_for_the_fail_static_grace_only():
+    """Stepped back an hour, the router kept its last (shedding) signal in force for an hour by the signal's own
+    times, while refusing every newer one as issued in the future. Now the first look after the step (an offer
+    or a request) takes it as expiring then: fail-static for ``fallback_static_s``, then the fallback; and the
+    controller's signals are followed again once their times agree with the router's clock."""
+    now = 5_000_000
+    hot = Decision("p")
+    for tick in range(12):
+        hot = decide(picture("p", watermark=now - 12 + tick, kv_cache=9.0, demand=9.0, queue=9.0), hot,
+                     AdmissionConfig(), now - 12 + tick)
+    event = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now}
+    clock = Clock(now / 1000)
+    book = SignalBook(KEYS, clock=clock)
+    decider = Decider(book, seed=1, fallback_static_s=30, clock=clock)
+    assert book.offer(sign({**event, **hot.signal}, "k1", KEYS["k1"])) and hot.signal["admit_fraction"]["standard"] == 0
+    clock.t -= 3600                                            # NTP steps the router's clock back an hour
+    right = decide(picture("p", watermark=now + 1000), Decision("p"), AdmissionConfig(), now + 1000).signal
+    assert not book.offer(sign({**event, **right}, "k1", KEYS["k1"])) and book.refused == {"issued_in_future": 1}
+    clock.t += 20
+    assert isinstance(decider.decide(Request("p", "standard")), Reject), "fail-static: the last signal still rules"
+    clock.t += 11
+    assert all(decider.decide(Request("p", "standard")) == ADMIT for _ in range(100)), "past the grace: fallback"
+    back_ms = int(clock.t * 1000)                              # the controller's clock steps back too
+    again = decide(picture("p", watermark=back_ms, kv_cache=9.0, demand=9.0, queue=9.0), hot, AdmissionConfig(),
+                   back_ms)
+    assert again.signal["seq"] == hot.signal["seq"] + 1, "the controller's seq rises whatever its clock does"
+    assert book.offer(sign({**event, **again.signal}, "k1", KEYS["k1"]))
+    assert isinstance(decider.decide(Request("p", "standard")), Reject), "followed again"
+
+
 def test_a_signal_with_fields_this_router_does_not_know_is_followed_by_what_it_knows():
     """Expand before contract: a controller that adds a field to admission_signal.v1 (as the per-tenant
     fractions were, issue 16) must not make deployed routers refuse every signal. The schema alone would refuse it (what a
