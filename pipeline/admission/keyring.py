@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 
+from ..contract import Invalid, compile_schema, load_schema
 from ..settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 DEV_KEYS = {"dev": "sluice-development-key-do-not-use-in-production"}
+# a key id the signal schema refuses makes routers refuse every signal signed with it: fail at start-up instead
+KEY_ID = compile_schema(load_schema("admission_signal")["properties"]["key_id"], "key_id")
 
 
 def keyring(settings: Settings) -> dict[str, bytes]:
@@ -21,6 +24,10 @@ def keyring(settings: Settings) -> dict[str, bytes]:
                     "anyone can forge them; set SLUICE_SIGNING_KEYS")
     ring = {}
     for key_id, secret in keys.items():
+        try:
+            KEY_ID(key_id, "key_id")
+        except Invalid as exc:
+            raise SettingsError(f"signing key id {key_id!r} does not fit admission_signal.v1 ({exc})") from None
         if not isinstance(secret, str) or len(secret) < 16:
             raise SettingsError(f"signing key {key_id!r} must be a string of at least 16 characters")
         ring[key_id] = secret.encode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import random
 import time
+from collections import OrderedDict
 
 from .signal_book import SignalBook
 from .sliding_counts import SlidingCounts
@@ -22,7 +23,10 @@ class Decider:
         self.fallback_static_ms = fallback_static_s * 1000   # in the unit of valid_until: no sum per call
         self.clock = clock
         self.throttle = AdaptiveThrottle(throttle_k, window_s)
-        self.attempts = SlidingCounts(window_s)   # attempts, retries (for the local retry budget)
+        self.window_s = window_s
+        # attempts and retries per pool, each judged by its own pool's budget: shared, one pool's retry storm
+        # spent a quiet pool's budget and a busy healthy pool's attempts hid a failing pool's retries
+        self.attempts: OrderedDict[str, SlidingCounts] = OrderedDict()
 
     def record(self, accepted: bool) -> None:
         """The backend's answer to a request this router sent (feeds adaptive throttling)."""
@@ -30,17 +34,19 @@ class Decider:
 
     def decide(self, request: Request) -> Verdict:
         now = self.clock()
-        signal = self.book.signals.get(request.pool)
-        if signal is not None and now * 1000 > signal["valid_until"] + self.fallback_static_ms:
+        now_ms = now * 1000
+        signal = self.book.current(request.pool, now_ms)
+        if signal is not None and now_ms > signal["valid_until"] + self.fallback_static_ms:
             signal = None  # expired beyond the fail-static grace: fall back
         if signal is None:
             return self._throttle(now)
         # the retry budget is for the cascade (retries after timeouts and failures); a retry that answers
         # our own shedding is judged by the admit fraction like any request, or shed work could never return
         budgeted = request.retry and not request.after_shed
-        self.attempts.add(now, 1, 1 if budgeted else 0)
+        counts = self._attempts(request.pool)
+        counts.add(now, 1, 1 if budgeted else 0)
         if budgeted:
-            attempts, retries = self.attempts.totals(now)
+            attempts, retries = counts.totals(now)
             if retries > signal["retry_budget"] * attempts:
                 return Reject(1.0, "retry_budget")
         slo = request.slo_ttft_s
@@ -63,6 +69,18 @@ class Decider:
         if request.priority in signal["defer"]["classes"]:
             return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))
         return self._elsewhere(signal, slo, "shed")
+
+    def _attempts(self, pool: str) -> SlidingCounts:
+        """The pool's counts, for as many pools as the signal book keeps: the least recently asked about
+        is forgotten first."""
+        counts = self.attempts.get(pool)
+        if counts is None:
+            if len(self.attempts) >= self.book.max_pools:
+                self.attempts.popitem(last=False)
+            counts = self.attempts[pool] = SlidingCounts(self.window_s)
+        else:
+            self.attempts.move_to_end(pool)
+        return counts
 
     def _spread(self, retry_after_s: float, low: float = 0.5) -> float:
         """Each refusal's retry-after drawn from ``low``–1.5× the signal's: clients that honour it to the

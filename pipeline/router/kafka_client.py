@@ -29,7 +29,7 @@ class RouterClient:
                  fallback_static_s: float = 30.0) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.book = SignalBook(keys)
+        self.book = SignalBook(keys, max_pools=settings.max_pools)
         self.decider = Decider(self.book, seed=seed, fallback_static_s=fallback_static_s, clock=self.book.clock)
         self._task: asyncio.Task | None = None
         self._consumer: Any = None
@@ -69,7 +69,7 @@ class RouterClient:
 
 class EventEmitter:
     """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts, and so
-    does a batch the broker refuses (the pump goes on)."""
+    does an event that cannot be encoded or that the broker refuses (the pump goes on)."""
 
     def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500) -> None:
         self.settings = settings
@@ -86,11 +86,14 @@ class EventEmitter:
             self.queue.put_nowait(event)
             return True
         except asyncio.QueueFull:
-            self.dropped += 1
-            from ..metrics import ROUTER_EVENTS_DROPPED
-
-            ROUTER_EVENTS_DROPPED.inc()
+            self._drop(1)
             return False
+
+    def _drop(self, count: int) -> None:
+        from ..metrics import ROUTER_EVENTS_DROPPED
+
+        self.dropped += count
+        ROUTER_EVENTS_DROPPED.inc(count)
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -101,24 +104,39 @@ class EventEmitter:
         self._task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
-        topic = topics.REQUESTS.name(self.settings)
         while True:
             events = [await self.queue.get()]
             while len(events) < self.batch and not self.queue.empty():
                 events.append(self.queue.get_nowait())
-            try:
-                futures = [await self._producer.send(topic, orjson.dumps(e), key=e["task_id"].encode())
-                           for e in events]
-                await asyncio.gather(*futures)
-                self.sent += len(events)
-            except Exception as exc:  # the broker refused or timed out: count and go on, never stop pumping
-                log.warning("emitter lost %d events: %s", len(events), exc)
-                self.dropped += len(events)
-                from ..metrics import ROUTER_EVENTS_DROPPED
-
-                ROUTER_EVENTS_DROPPED.inc(len(events))
+            await self._send(events)
             for _ in events:
                 self.queue.task_done()
+
+    async def _send(self, events: list[dict]) -> None:
+        """Each event is encoded on its own, so one the router built wrong (no task id) is the only one lost;
+        ``sent`` and ``dropped`` count each event's own outcome, never the whole batch's."""
+        records = []
+        for event in events:
+            try:
+                records.append((orjson.dumps(event), event["task_id"].encode()))
+            except Exception as exc:  # no task id, a value JSON cannot hold: this event only, the pump goes on
+                log.warning("emitter dropped an event it cannot encode: %r", exc)
+                self._drop(1)
+        topic = topics.REQUESTS.name(self.settings)
+        futures = []
+        for value, key in records:
+            try:
+                futures.append(await self._producer.send(topic, value, key=key))
+            except Exception as exc:  # the broker refused or timed out: the rest of the batch would wait as long
+                log.warning("emitter lost %d events: %s", len(records) - len(futures), exc)
+                self._drop(len(records) - len(futures))
+                break
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if errors:
+            log.warning("emitter lost %d events: %s", len(errors), errors[0])
+            self._drop(len(errors))
+        self.sent += len(outcomes) - len(errors)
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (up to ``drain_timeout_s``), then stop."""

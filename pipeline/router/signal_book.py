@@ -25,21 +25,38 @@ class SignalBook:
     ``max_skew_s`` in the future (a controller with a fast clock) is refused, or its ``seq`` would make
     every correct signal after it look replayed; so is one valid for longer than ``max_validity_s``, and
     one already expired on arrival (a slow clock), which would displace a valid signal.
+
+    At most ``max_pools`` pools are kept (the controller's setting of that name: it signals no more at once);
+    a new pool beyond it evicts the one whose signal is oldest, a pool its controller stopped signalling.
+    Tombstones carry no pool here, so without the bound every pool ever signalled would stay.
     """
 
     def __init__(self, keys: Mapping[str, bytes], clock: Callable[[], float] = time.time, max_skew_s: float = 30.0,
-                 max_validity_s: float = 60.0) -> None:
+                 max_validity_s: float = 60.0, max_pools: int = 1000) -> None:
         self.keys = dict(keys)
+        self.max_pools = max_pools
         self.clock = clock
         self.max_skew_ms = max_skew_s * 1000
         self.max_validity_ms = max_validity_s * 1000
-        self.signals: dict[str, dict] = {}
+        self.signals: dict[str, dict] = {}   # the pool whose newest signal is oldest first
         self.tenants: dict[str, dict[str, dict]] = {}   # per pool: the newest signal's tenant entries by name
         self.refused: dict[str, int] = {}
 
     def _refuse(self, reason: str) -> bool:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         return False
+
+    def current(self, pool: str, now_ms: float) -> dict | None:
+        """The pool's newest trusted signal, judged by the router's clock now (epoch ms).
+
+        One issued more than ``max_skew_s`` ahead of this clock (it stepped back since the signal was accepted)
+        is taken as expiring now, so it is obeyed for the fail-static grace only: by its own times it would rule
+        until the clock caught up, while every newer signal is refused as issued in the future. Its ``seq``
+        stays: the controller's newer signals are accepted once their times agree with this clock."""
+        signal = self.signals.get(pool)
+        if signal is not None and signal["issued_at"] > now_ms + self.max_skew_ms:
+            signal = self.signals[pool] = {**signal, "issued_at": int(now_ms), "valid_until": int(now_ms)}
+        return signal
 
     def offer(self, message: bytes | None) -> bool:
         """Take a message from the admission topic; False (and counted) when it is not trusted."""
@@ -54,15 +71,21 @@ class SignalBook:
         except Invalid:
             return self._refuse("invalid")
         now_ms = self.clock() * 1000
+        current = self.current(signal["pool"], now_ms)   # first: a controller's signals notice a step back
         if signal["issued_at"] > now_ms + self.max_skew_ms:
             return self._refuse("issued_in_future")
         if signal["valid_until"] - signal["issued_at"] > self.max_validity_ms:
             return self._refuse("validity_too_long")
         if signal["valid_until"] < now_ms - self.max_skew_ms:
             return self._refuse("expired")
-        current = self.signals.get(signal["pool"])
+        pool = signal["pool"]
         if current is not None and signal["seq"] <= current["seq"]:
             return self._refuse("replayed")
-        self.signals[signal["pool"]] = signal
-        self.tenants[signal["pool"]] = {entry["tenant"]: entry for entry in signal.get("tenant_admit_fraction", ())}
+        if current is not None:
+            del self.signals[pool]   # inserted again below, last: the dict is ordered by the newest accepted
+        elif len(self.signals) >= self.max_pools:
+            oldest = next(iter(self.signals))
+            del self.signals[oldest], self.tenants[oldest]
+        self.signals[pool] = signal
+        self.tenants[pool] = {entry["tenant"]: entry for entry in signal.get("tenant_admit_fraction", ())}
         return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from ..events import PRIORITIES
+
 
 @dataclass(frozen=True)
 class Request:
@@ -16,6 +18,12 @@ class Request:
     after_shed: bool = False   # this retry follows a rejection by admission, honouring its retry-after
     tenant: str | None = None  # whose work it is: a tenant over its fair share is shed by its own fractions
     warm: bool = False         # a continuing step sent back to the replica that holds its context (affinity)
+
+    def __post_init__(self) -> None:
+        """A misspelled class fails on every call: read from a signal, it raised a KeyError only for a pool
+        that had one, and a pool without one admitted it, so a caller's typo surfaced only under load."""
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority {self.priority!r} is not one of {', '.join(PRIORITIES)}")
 
 
 @dataclass(frozen=True)

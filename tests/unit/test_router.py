@@ -129,6 +129,43 @@ def test_local_retry_budget():
     assert decider.decide(Request("p", "critical", retry=True)) == Reject(1.0, "retry_budget")  # 3 of 21
 
 
+def test_each_pool_spends_its_own_retry_budget():
+    """One count for every pool: a retry storm in one pool spent a quiet pool's budget, and a busy healthy pool's
+    first attempts let a failing pool (its budget tightened to 1 %) retry as much as it liked."""
+    book = book_with(signed(pool="a")[0], signed(pool="b")[0])
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for _ in range(50):
+        decider.decide(Request("a", "standard"))
+        decider.decide(Request("a", "standard", retry=True))
+    for _ in range(100):
+        decider.decide(Request("b", "standard"))
+    assert decider.decide(Request("b", "standard", retry=True)) == ADMIT, "1 retry in 101 attempts: within 10 %"
+    book.signals["a"]["retry_budget"] = 0.01
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for _ in range(2000):
+        decider.decide(Request("b", "standard"))
+    for _ in range(10):
+        decider.decide(Request("a", "standard"))
+    retries = [decider.decide(Request("a", "standard", retry=True)) for _ in range(20)]
+    assert all(verdict == Reject(1.0, "retry_budget") for verdict in retries)
+
+
+def test_the_pools_a_router_tracks_are_bounded_the_least_recently_signalled_evicted_first():
+    """Tombstones reach the book without their pool, so every pool a controller ever signalled stayed; and the
+    retry counts follow request pools."""
+    book = SignalBook(KEYS, clock=Clock(1_000.0), max_pools=2)
+    assert book.offer(signed(pool="a", now_ms=999_000)[0]) and book.offer(signed(pool="b", now_ms=999_000)[0])
+    assert book.offer(signed(pool="a", now_ms=999_500)[0])          # a refreshed: b is now the oldest
+    assert book.offer(signed(pool="c")[0])
+    assert list(book.signals) == ["a", "c"] and set(book.tenants) == {"a", "c"}
+    assert not book.offer(signed(pool="a", now_ms=999_000)[0]), "a's seq is still remembered"
+    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    for pool in ("a", "c", "a", "b", "c"):
+        book.offer(signed(pool=pool)[0])
+        decider.decide(Request(pool, "standard"))
+    assert list(decider.attempts) == ["b", "c"]
+
+
 def test_expired_signal_fail_static_then_adaptive_throttling():
     message, signal = signed(now_ms=1_000_000)
     book = book_with(message)
@@ -146,6 +183,13 @@ def test_expired_signal_fail_static_then_adaptive_throttling():
     for _ in range(100):
         decider.record(accepted=True)                       # requests 200, accepts 100: K·accepts ≥ requests
     assert all(isinstance(decider.decide(Request("p", "sheddable")), Admit) for _ in range(100))
+
+
+@pytest.mark.parametrize("priority", ["Critical", "high", ""])
+def test_an_unknown_priority_is_refused_whether_or_not_the_pool_has_a_signal(priority):
+    """It raised a KeyError only for a pool with a signal: a typo passed every test run without one."""
+    with pytest.raises(ValueError, match="critical, standard, sheddable, deferrable"):
+        Request("p", priority)
 
 
 def test_no_signal_for_an_unknown_pool_throttles_adaptively():
@@ -187,6 +231,36 @@ def test_a_controller_an_hour_fast_cannot_pin_the_routers():
     assert book.signals["p"]["seq"] == right_previous.signal["seq"]
     assert book.refused == {"issued_in_future": 40}
     assert all(decider.decide(Request("p", c, slo_ttft_s=2.0)) == ADMIT for c in ("critical", "sheddable"))
+
+
+def test_a_router_clock_stepped_back_obeys_its_last_signal_for_the_fail_static_grace_only():
+    """Stepped back an hour, the router kept its last (shedding) signal in force for an hour by the signal's own
+    times, while refusing every newer one as issued in the future. Now the first look after the step (an offer
+    or a request) takes it as expiring then: fail-static for ``fallback_static_s``, then the fallback; and the
+    controller's signals are followed again once their times agree with the router's clock."""
+    now = 5_000_000
+    hot = Decision("p")
+    for tick in range(12):
+        hot = decide(picture("p", watermark=now - 12 + tick, kv_cache=9.0, demand=9.0, queue=9.0), hot,
+                     AdmissionConfig(), now - 12 + tick)
+    event = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now}
+    clock = Clock(now / 1000)
+    book = SignalBook(KEYS, clock=clock)
+    decider = Decider(book, seed=1, fallback_static_s=30, clock=clock)
+    assert book.offer(sign({**event, **hot.signal}, "k1", KEYS["k1"])) and hot.signal["admit_fraction"]["standard"] == 0
+    clock.t -= 3600                                            # NTP steps the router's clock back an hour
+    right = decide(picture("p", watermark=now + 1000), Decision("p"), AdmissionConfig(), now + 1000).signal
+    assert not book.offer(sign({**event, **right}, "k1", KEYS["k1"])) and book.refused == {"issued_in_future": 1}
+    clock.t += 20
+    assert isinstance(decider.decide(Request("p", "standard")), Reject), "fail-static: the last signal still rules"
+    clock.t += 11
+    assert all(decider.decide(Request("p", "standard")) == ADMIT for _ in range(100)), "past the grace: fallback"
+    back_ms = int(clock.t * 1000)                              # the controller's clock steps back too
+    again = decide(picture("p", watermark=back_ms, kv_cache=9.0, demand=9.0, queue=9.0), hot, AdmissionConfig(),
+                   back_ms)
+    assert again.signal["seq"] == hot.signal["seq"] + 1, "the controller's seq rises whatever its clock does"
+    assert book.offer(sign({**event, **again.signal}, "k1", KEYS["k1"]))
+    assert isinstance(decider.decide(Request("p", "standard")), Reject), "followed again"
 
 
 def test_a_signal_with_fields_this_router_does_not_know_is_followed_by_what_it_knows():
@@ -266,3 +340,41 @@ def test_sliding_counts_forget_the_window_when_the_clock_steps_back_past_it():
     counts.add(back, 2, 1)
     assert counts.totals(back + 0.05) == (2, 1)
     assert counts.totals(back + 10) == (0, 0)
+
+
+def test_the_emitter_loses_only_the_events_it_cannot_encode_or_the_broker_refuses():
+    """One event without a task id lost its whole batch, and a batch with one refused record was counted
+    as lost in full although the rest were delivered."""
+    import asyncio
+
+    from pipeline.router import EventEmitter
+    from pipeline.settings import load_settings
+
+    class Producer:
+        delivered: list = []
+
+        async def send(self, topic, value, key):
+            outcome = asyncio.get_running_loop().create_future()
+            if key == b"t3":
+                outcome.set_exception(RuntimeError("the broker refused t3"))
+            else:
+                self.delivered.append(key)
+                outcome.set_result(None)
+            return outcome
+
+        async def stop(self):
+            pass
+
+    async def run():
+        emitter = EventEmitter(load_settings(env={}), "unused")
+        emitter._producer = Producer()
+        for event in [{"task_id": "t0"}, {"task_id": None}, {"other": 1}, {"task_id": "t1"},
+                      {"task_id": "t2", "v": object()}, {"task_id": "t3"}, {"task_id": "t4"}]:
+            emitter.emit(event)
+        emitter._task = asyncio.create_task(emitter._pump())
+        await emitter.stop(drain_timeout_s=5)    # returns once every event was sent or counted as dropped
+        return emitter
+
+    emitter = asyncio.run(run())
+    assert Producer.delivered == [b"t0", b"t1", b"t4"]
+    assert (emitter.sent, emitter.dropped) == (3, 4)

@@ -72,6 +72,18 @@ def test_a_controller_without_keys_refuses_to_start_unless_development_is_explic
     assert keyring(load_settings(env={}, signing_keys={"k1": "s" * 16}, signing_key_id="k1")) == {"k1": b"s" * 16}
 
 
+@pytest.mark.parametrize("key_id, problem",
+                         [("k" * 65, "too_long"), ("2024 rotation", "bad_format"), ("", "bad_format")])
+def test_a_key_id_the_signal_schema_refuses_fails_at_start_up(key_id, problem):
+    """Signed with it, every signal would be refused by every router as invalid while the controller ran on."""
+    from pipeline.admission.keyring import active_key
+    from pipeline.settings import SettingsError, load_settings
+
+    settings = load_settings(env={}, signing_keys={key_id: "s" * 16, "k1": "t" * 16}, signing_key_id="k1")
+    with pytest.raises(SettingsError, match=f"signing key id .*{problem}"):
+        active_key(settings)
+
+
 def test_the_worker_refuses_to_start_without_keys(tmp_path):
     import subprocess
     import sys
