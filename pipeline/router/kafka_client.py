@@ -22,6 +22,9 @@ from .verdicts import Request, Verdict
 log = logging.getLogger(__name__)
 
 
+CONTROLLERS_ROOM_FOR = 10   # the signal book has room for this many controllers at their max_pools
+
+
 class RouterClient:
     """Follows sluice.admission.v1 and answers ``decide`` from memory (no I/O per request)."""
 
@@ -29,7 +32,8 @@ class RouterClient:
                  fallback_static_s: float = 30.0) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.book = SignalBook(keys, max_pools=settings.max_pools)
+        # max_pools bounds each controller; a fleet's controllers share the pools out, so room for ten of them
+        self.book = SignalBook(keys, max_pools=CONTROLLERS_ROOM_FOR * settings.max_pools)
         self.decider = Decider(self.book, seed=seed, fallback_static_s=fallback_static_s, clock=self.book.clock)
         self._task: asyncio.Task | None = None
         self._consumer: Any = None

@@ -26,7 +26,7 @@ class SignalBook:
     every correct signal after it look replayed; so is one valid for longer than ``max_validity_s``, and
     one already expired on arrival (a slow clock), which would displace a valid signal.
 
-    At most ``max_pools`` pools are kept (the controller's setting of that name: it signals no more at once);
+    At most ``max_pools`` pools are kept (``RouterClient``: ten times the controllers' own bound of that name);
     a new pool beyond it evicts the one whose signal is oldest, a pool its controller stopped signalling.
     Tombstones carry no pool here, so without the bound every pool ever signalled would stay.
     """
