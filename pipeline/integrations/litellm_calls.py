@@ -3,8 +3,11 @@
 No LiteLLM import and no clock reads (times are passed in), so the mapping
 is unit-tested without a proxy. Where each field comes from (docs/integrations.md):
 
-- **pool**: the ``sluice_pool`` metadata key, else the model group the caller
-  asked for (``data["model"]``);
+- **pool**: the model group the call goes to (``data["model"]``). A
+  ``sluice_pool`` the caller names (``named_pool``) is another model group of
+  the proxy to send the call to, which the hook switches to before this is
+  read; never a pool the call does not go to, or a caller could name one with
+  no signal, or a quiet one, and pass the shedding of its own;
 - **priority, task id, attempt, step**: ``x-sluice-priority``,
   ``x-sluice-task-id``, ``x-sluice-attempt``, ``x-sluice-step`` request headers,
   or ``sluice_priority`` / ``sluice_task_id`` / ``sluice_attempt`` /
@@ -108,6 +111,11 @@ def _flag(value: Any) -> bool | None:
     return None
 
 
+def named_pool(data: Mapping[str, Any]) -> str | None:
+    """The pool the caller names (``x-sluice-pool`` / ``sluice_pool``), as the contract takes a name."""
+    return _name(_lookup(data, "pool"), 64)
+
+
 def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,
               slo: Callable[[str], tuple[float, float]]) -> CallInfo:
     """The call as Sluice sees it, from the proxy's request ``data`` and the caller's key; ``slo(pool)``
@@ -118,7 +126,7 @@ def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,
     request_id = _text(call_id) or str(uuid.uuid4())
     task_id = _text(_lookup(data, "task_id"))
     final = _flag(_lookup(data, "final"))
-    pool = _name(_lookup(data, "pool"), 64) or _name(model, 64) or "unknown"
+    pool = _name(model, 64) or "unknown"
     slo_ttft_s, slo_tpot_s = slo(pool)
     return CallInfo(task_id=task_id or request_id, request_id=request_id,
                     attempt=_count(_lookup(data, "attempt"), 1, 1), step=_count(_lookup(data, "step"), 0, 0),

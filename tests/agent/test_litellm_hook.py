@@ -77,6 +77,22 @@ def test_a_redirect_switches_the_model_group_when_the_proxy_serves_it(monkeypatc
     assert shed.value.status_code == 429
 
 
+def test_a_pool_the_caller_names_is_where_the_call_goes_or_nothing(monkeypatch):
+    """Naming a pool with no signal (or a quiet one) must not pass the shedding of the pool the call goes to:
+    a named pool the proxy serves gets the call, one it does not serve is ignored."""
+    h = hook()
+    publish(h)
+    named = data("sheddable") | {"metadata": {"sluice_pool": "no-signal-here"}}
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: False))
+    with pytest.raises(HTTPException) as shed:
+        asyncio.run(h.async_pre_call_hook(KEY, None, named, "acompletion"))
+    assert shed.value.status_code == 429, "judged by hot's signal, where the call goes"
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: group == "no-signal-here"))
+    named = data("sheddable") | {"metadata": {"sluice_pool": "no-signal-here"}}
+    admitted = asyncio.run(h.async_pre_call_hook(KEY, None, named, "acompletion"))
+    assert admitted["model"] == "no-signal-here" and admitted["metadata"]["sluice_call"]["pool"] == "no-signal-here"
+
+
 def test_a_callers_own_stash_is_dropped_so_it_cannot_borrow_a_tenant_or_pool():
     h = hook()
     forged = {"task_id": "t", "request_id": "r", "attempt": 1, "step": 0, "tenant": "someone-else", "priority":
