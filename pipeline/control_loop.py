@@ -128,16 +128,19 @@ class ControlLoop:
                 kept.pop(pool, None)
             self.changed.discard(pool)
             out.forgotten.append(pool)
+        failing = set()
         for pool in sorted(self.changed):
             try:
                 picture = self.states[pool].snapshot(self.configs.for_pool(pool))
             except Exception as exc:  # one pool's state costs that pool's picture, never every pool's signals
                 out.failed.append((pool, f"{type(exc).__name__}: {exc}"[:300]))
+                self.pictures.pop(pool, None)   # no decision on an old picture, no redirect target either
+                failing.add(pool)               # tried again next tick
                 continue
             picture["published_at_ms"] = now_ms
             self.pictures[pool] = picture
             out.pictures.append(picture)
-        self.changed.clear()
+        self.changed = failing
         everyone = {**fleet, **self.pictures}
         for pool, picture in self.pictures.items():
             models = set(picture.get("models", ()))

@@ -3,11 +3,10 @@
 No LiteLLM import and no clock reads (times are passed in), so the mapping
 is unit-tested without a proxy. Where each field comes from (docs/integrations.md):
 
-- **pool**: the model group the call goes to (``data["model"]``). A
-  ``sluice_pool`` the caller names (``named_pool``) is another model group of
-  the proxy to send the call to, which the hook switches to before this is
-  read; never a pool the call does not go to, or a caller could name one with
-  no signal, or a quiet one, and pass the shedding of its own;
+- **pool**: the model group the call goes to (``data["model"]``), never a
+  name the caller gives: a caller could name a pool with no signal, or a quiet
+  one, and pass the shedding of its own, and switching its call to the pool it
+  names would pass the proxy's check of which models its key may call;
 - **priority, task id, attempt, step**: ``x-sluice-priority``,
   ``x-sluice-task-id``, ``x-sluice-attempt``, ``x-sluice-step`` request headers,
   or ``sluice_priority`` / ``sluice_task_id`` / ``sluice_attempt`` /
@@ -109,11 +108,6 @@ def _flag(value: Any) -> bool | None:
     if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
         return value.lower() in ("true", "1", "yes")
     return None
-
-
-def named_pool(data: Mapping[str, Any]) -> str | None:
-    """The pool the caller names (``x-sluice-pool`` / ``sluice_pool``), as the contract takes a name."""
-    return _name(_lookup(data, "pool"), 64)
 
 
 def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,

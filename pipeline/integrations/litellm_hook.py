@@ -34,7 +34,7 @@ from ..broker import bootstrap_servers
 from ..load.config import PictureConfigs
 from ..router import Defer, EventEmitter, Redirect, Reject, RouterClient
 from ..settings import Settings, load_settings
-from .litellm_calls import STASH, CallInfo, call_info, completion_events, named_pool, event, failure_event, verdict_event
+from .litellm_calls import STASH, CallInfo, call_info, completion_events, event, failure_event, verdict_event
 
 log = logging.getLogger(__name__)
 CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
@@ -121,9 +121,6 @@ class SluiceAdmission(CustomLogger):
         refusal = None
         try:
             self._connect()
-            named = named_pool(data)
-            if named and named != data.get("model") and self._serves(named):
-                data["model"] = named   # the call goes to the pool it is judged by
             call = call_info(data, getattr(user_api_key_dict, "team_id", None),
                              getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo)
             verdict = self.router.decide(call.request())

@@ -78,17 +78,22 @@ class PartialBuilder:
         if e.event_time > partial.newest_ms:
             partial.newest_ms = e.event_time
 
-    def fold_sample(self, s: ReplicaSample) -> None:
+    def fold_sample(self, s: ReplicaSample, not_after_ms: int | None = None) -> None:
+        """``not_after_ms``: the worker's clock. A sample stamped later (a fast clock at the replica) is
+        placed there, its counters still differenced on the replica's own times (``ingest.as_of_clock``)."""
         deltas = self.tracker.deltas(s)
         partial = self._partial(s.pool)
         replica = partial.replicas.get(s.replica_id)
         if replica is None:
             replica = partial.replicas[s.replica_id] = ReplicaAgg()
-        replica.see(ReplicaLatest.of(s))
+        latest = ReplicaLatest.of(s)
+        if not_after_ms is not None and latest.event_time > not_after_ms:
+            latest.event_time = not_after_ms
+        replica.see(latest)
         if deltas:
-            replica.add(s.event_time // 1000, deltas)
-        if s.event_time > partial.newest_ms:
-            partial.newest_ms = s.event_time
+            replica.add(latest.event_time // 1000, deltas)
+        if latest.event_time > partial.newest_ms:
+            partial.newest_ms = latest.event_time
 
     def drain(self, cut: object, max_bytes: int | None = None) -> list[Partial]:
         """The partials folded since the last drain, identified by this source and ``cut``

@@ -17,8 +17,12 @@ class Decider:
     """``decide(request)`` from the signal book, with a seedable RNG and an injectable clock."""
 
     def __init__(self, book: SignalBook, seed: int | None = None, fallback_static_s: float = 30.0,
-                 throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time) -> None:
+                 throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time, min_retries: int = 10) -> None:
         self.book = book
+        # retries every pool may make per window whatever its budget: per pool, a quiet pool (a request a
+        # minute) would refuse its first retry after a failure (1 retry > 10% of 3 attempts); Finagle's retry
+        # budgets keep a floor for the same reason
+        self.min_retries = min_retries
         self.rng = random.Random(seed)
         self.fallback_static_ms = fallback_static_s * 1000   # in the unit of valid_until: no sum per call
         self.clock = clock
@@ -35,7 +39,9 @@ class Decider:
     def decide(self, request: Request) -> Verdict:
         now = self.clock()
         now_ms = now * 1000
-        signal = self.book.current(request.pool, now_ms)
+        signal = self.book.signals.get(request.pool)
+        if signal is not None and signal["issued_at"] > now_ms + self.book.max_skew_ms:   # rare: see current()
+            signal = self.book.current(request.pool, now_ms)
         if signal is not None and now_ms > signal["valid_until"] + self.fallback_static_ms:
             signal = None  # expired beyond the fail-static grace: fall back
         if signal is None:
@@ -43,11 +49,11 @@ class Decider:
         # the retry budget is for the cascade (retries after timeouts and failures); a retry that answers
         # our own shedding is judged by the admit fraction like any request, or shed work could never return
         budgeted = request.retry and not request.after_shed
-        counts = self._attempts(request.pool)
+        counts = self.attempts.get(request.pool) or self._attempts(request.pool)
         counts.add(now, 1, 1 if budgeted else 0)
         if budgeted:
             attempts, retries = counts.totals(now)
-            if retries > signal["retry_budget"] * attempts:
+            if retries > signal["retry_budget"] * attempts + self.min_retries:
                 return Reject(1.0, "retry_budget")
         slo = request.slo_ttft_s
         # early rejection spares work that would miss its SLO, but never critical work: critical is shed
@@ -71,15 +77,13 @@ class Decider:
         return self._elsewhere(signal, slo, "shed")
 
     def _attempts(self, pool: str) -> SlidingCounts:
-        """The pool's counts, for as many pools as the signal book keeps: the least recently asked about
-        is forgotten first."""
+        """The pool's counts, for as many pools as the signal book keeps: the one counted longest ago is
+        forgotten first (its counts start over, as after the window)."""
         counts = self.attempts.get(pool)
         if counts is None:
             if len(self.attempts) >= self.book.max_pools:
                 self.attempts.popitem(last=False)
             counts = self.attempts[pool] = SlidingCounts(self.window_s)
-        else:
-            self.attempts.move_to_end(pool)
         return counts
 
     def _spread(self, retry_after_s: float, low: float = 0.5) -> float:

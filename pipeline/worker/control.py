@@ -108,11 +108,12 @@ class ControlConsumer(BatchLoop):
         metrics.CONTROL_EVENTS.labels(topic, "duplicate").inc(decoded.duplicates)
         if decoded.newest_event_ms:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(decoded.newest_event_ms / 1000)
-        metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(as_of_clock(decoded.events, now_ms))
         if cls is ReplicaSample:
+            metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(sum(e.event_time > now_ms for e in decoded.events))
             for event in decoded.events:
-                builder.fold_sample(event)
+                builder.fold_sample(event, now_ms)
             return
+        metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(as_of_clock(decoded.events, now_ms))
         completed: dict[str, list[int]] = {}
         for event in decoded.events:
             builder.fold_request(event)

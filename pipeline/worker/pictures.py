@@ -85,8 +85,8 @@ class Stage2:
         """``_ahead``, logged and counted."""
         if not self._ahead(partial):
             return False
-        log.warning("ignored partial %s of pool %s: newest event time %d is ahead of the clock", partial.id,
-                    partial.pool, partial.newest_ms)
+        log.warning("ignored partial %s of pool %s: an event or replica sample time is ahead of the clock "
+                    "(newest_ms %d)", partial.id, partial.pool, partial.newest_ms)
         metrics.PARTIALS_REFUSED.inc()
         return True
 

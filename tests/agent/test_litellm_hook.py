@@ -77,20 +77,17 @@ def test_a_redirect_switches_the_model_group_when_the_proxy_serves_it(monkeypatc
     assert shed.value.status_code == 429
 
 
-def test_a_pool_the_caller_names_is_where_the_call_goes_or_nothing(monkeypatch):
-    """Naming a pool with no signal (or a quiet one) must not pass the shedding of the pool the call goes to:
-    a named pool the proxy serves gets the call, one it does not serve is ignored."""
+def test_a_pool_the_caller_names_changes_neither_the_pool_nor_the_model_group(monkeypatch):
+    """Naming a pool with no signal (or a quiet one) must not pass the shedding of the pool the call goes to,
+    nor move the call to a model group its key may not call (the proxy checked the key before this hook)."""
     h = hook()
     publish(h)
-    named = data("sheddable") | {"metadata": {"sluice_pool": "no-signal-here"}}
-    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: False))
-    with pytest.raises(HTTPException) as shed:
-        asyncio.run(h.async_pre_call_hook(KEY, None, named, "acompletion"))
-    assert shed.value.status_code == 429, "judged by hot's signal, where the call goes"
-    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: group == "no-signal-here"))
-    named = data("sheddable") | {"metadata": {"sluice_pool": "no-signal-here"}}
-    admitted = asyncio.run(h.async_pre_call_hook(KEY, None, named, "acompletion"))
-    assert admitted["model"] == "no-signal-here" and admitted["metadata"]["sluice_call"]["pool"] == "no-signal-here"
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: True))
+    for named in ({"metadata": {"sluice_pool": "no-signal-here"}},
+                  {"proxy_server_request": {"headers": {"x-sluice-priority": "sheddable", "x-sluice-pool": "x"}}}):
+        with pytest.raises(HTTPException) as shed:
+            asyncio.run(h.async_pre_call_hook(KEY, None, data("sheddable") | named, "acompletion"))
+        assert shed.value.status_code == 429, "judged by hot's signal, where the call goes"
 
 
 def test_a_callers_own_stash_is_dropped_so_it_cannot_borrow_a_tenant_or_pool():

@@ -98,10 +98,14 @@ def test_a_pool_whose_picture_raises_costs_only_that_pools_signal(monkeypatch):
     def broken(config):
         raise ValueError("cannot merge sketches with different alpha")
 
+    assert {s.pool for s in control.step(now + 500).signals} == {"good", "bad"}
+    control.merge(partial_for("bad", now + 600, 3))
     monkeypatch.setattr(control.states["bad"], "snapshot", broken)
-    step = control.step(now + 1000)
-    assert [s.pool for s in step.signals] == ["good"]
-    assert step.failed == [("bad", "ValueError: cannot merge sketches with different alpha")]
+    for tick in (1000, 1250):   # tried again every tick, each failure named
+        step = control.step(now + tick)
+        assert step.failed == [("bad", "ValueError: cannot merge sketches with different alpha")]
+    assert "bad" not in control.pictures, "no decision on its old picture, and no redirect target"
+    assert [s.pool for s in control.step(now + 3000).signals] == ["good"], "the heartbeat: good's only"
 
 
 def test_a_sketch_stage_1_could_not_have_written_refuses_its_partial():

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from pipeline.events import RequestEvent, Rejected
 from pipeline.ingest import decode
-from pipeline.integrations.litellm_calls import (CallInfo, call_info, named_pool, completion_events, event, failure_event,
+from pipeline.integrations.litellm_calls import (CallInfo, call_info, completion_events, event, failure_event,
                                                  verdict_event)
 from pipeline.router import ADMIT, Defer, Redirect, Reject
 
@@ -42,7 +42,6 @@ def test_metadata_works_too_and_defaults_make_a_one_step_standard_task():
     call = call_info(data, None, "user-b", "id-1", SLO)
     assert (call.priority, call.pool, call.tenant, call.task_id, call.final) == (
         "sheddable", data["model"], "user-b", "id-1", True), "the pool is where the call goes, not what it names"
-    assert named_pool(data) == "chat-8b-eu"
     plain = call_info(proxy_data(), None, None, "id-2", SLO)
     assert (plain.priority, plain.tenant, plain.attempt, plain.step) == ("standard", "default", 1, 0)
 

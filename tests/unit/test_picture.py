@@ -243,6 +243,19 @@ def test_the_tracker_forgets_the_least_recently_sampled_replica_beyond_its_bound
     assert list(builder.tracker.last) == ["c", "a", "d"]
 
 
+def test_a_sample_ahead_of_the_workers_clock_is_placed_at_it_but_differenced_on_its_own_times():
+    """A replica whose clock runs 45 s fast: its samples land at the worker's clock (the watermark never runs
+    ahead), while its counters are differenced on its own times, so its GPU-seconds are not lost."""
+    builder = PartialBuilder("raw/0", 15)
+    for i, second in enumerate((145, 146, 147)):
+        builder.fold_sample(sample("r1", second, 0, 0.5, i), not_after_ms=100_500)
+    (partial,) = builder.drain(1)
+    replica = partial.replicas["r1"]
+    assert partial.newest_ms == 100_500 and replica.latest.event_time == 100_500
+    assert list(replica.seconds) == [100] and replica.seconds[100]["gpu_seconds"] == 2 * 4   # 2 gaps of 1 s, 4 GPUs
+    assert replica.seconds[100]["prompt_tokens"] == 200
+
+
 def test_out_of_order_sample_is_not_differenced():
     builder = PartialBuilder("raw/0", 15)
     builder.fold_sample(sample("r1", 100, 0, 0.5, 5))

@@ -121,7 +121,7 @@ def test_local_retry_budget():
     message, _ = signed()
     book = book_with(message)
     book.signals["p"]["retry_budget"] = 0.1
-    decider = Decider(book, seed=1, clock=Clock(1_000.0))
+    decider = Decider(book, seed=1, clock=Clock(1_000.0), min_retries=0)
     for _ in range(18):
         decider.decide(Request("p", "critical"))
     assert isinstance(decider.decide(Request("p", "critical", retry=True)), Admit)   # 1 of 19
@@ -146,8 +146,9 @@ def test_each_pool_spends_its_own_retry_budget():
         decider.decide(Request("b", "standard"))
     for _ in range(10):
         decider.decide(Request("a", "standard"))
-    retries = [decider.decide(Request("a", "standard", retry=True)) for _ in range(20)]
-    assert all(verdict == Reject(1.0, "retry_budget") for verdict in retries)
+    retries = [decider.decide(Request("a", "standard", retry=True)) for _ in range(20 + decider.min_retries)]
+    assert all(verdict == Reject(1.0, "retry_budget") for verdict in retries[decider.min_retries:]), \
+        "past the floor, a's own 1 % of its own attempts"
 
 
 def test_the_pools_a_router_tracks_are_bounded_the_least_recently_signalled_evicted_first():
@@ -163,7 +164,7 @@ def test_the_pools_a_router_tracks_are_bounded_the_least_recently_signalled_evic
     for pool in ("a", "c", "a", "b", "c"):
         book.offer(signed(pool=pool)[0])
         decider.decide(Request(pool, "standard"))
-    assert list(decider.attempts) == ["b", "c"]
+    assert list(decider.attempts) == ["c", "b"], "counted longest ago (a) forgotten first"
 
 
 def test_expired_signal_fail_static_then_adaptive_throttling():
@@ -378,3 +379,14 @@ def test_the_emitter_loses_only_the_events_it_cannot_encode_or_the_broker_refuse
     emitter = asyncio.run(run())
     assert Producer.delivered == [b"t0", b"t1", b"t4"]
     assert (emitter.sent, emitter.dropped) == (3, 4)
+
+
+def test_a_quiet_pool_may_retry_a_failure_whatever_its_budget():
+    """Counted per pool, a pool with a request a minute would refuse its first retry (1 > 10% of 3): a floor of
+    min_retries per window lets it, and a storm is still held to the budget beyond that."""
+    book = book_with(signed()[0])
+    book.signals["p"]["retry_budget"] = 0.1
+    decider = Decider(book, seed=1, clock=Clock(1_000.0), min_retries=2)
+    decider.decide(Request("p", "standard"))
+    verdicts = [decider.decide(Request("p", "standard", retry=True)) for _ in range(3)]
+    assert verdicts[:2] == [ADMIT, ADMIT] and verdicts[2] == Reject(1.0, "retry_budget")
