@@ -164,6 +164,12 @@ class ShedLoop:
         return window
 
 
+def started_worker(settings, worker_factory):
+    """A worker on this test's topics (made first), and the names of the two raw topics."""
+    run(topics.ensure_topics(settings, settings.kafka_bootstrap_servers))
+    return worker_factory(settings).start(), topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)
+
+
 def dead_letter_rows(settings, where: str = "1") -> list[dict]:
     """Rows of the dead_letters table (the worker must be stopped: the embedded store is one process's)."""
     store = open_store(settings)
@@ -185,9 +191,7 @@ def test_events_from_the_future_are_dead_lettered_and_a_shedding_pool_keeps_shed
     Either way the pool's watermark stays put, so its real samples keep its picture fresh and it keeps
     shedding."""
     s = loop_settings
-    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
-    worker = worker_factory(s).start()
-    requests_topic, replicas_topic = topics.REQUESTS.name(s), topics.REPLICAS.name(s)
+    worker, requests_topic, replicas_topic = started_worker(s, worker_factory)
 
     async def scenario():
         async with ShedLoop(s) as loop:
@@ -232,9 +236,7 @@ def test_a_source_whose_clock_runs_fast_within_the_skew_cannot_blind_a_shedding_
     late, the real replicas stale, the pool read as one calm replica, and the shedding would stop. The control
     path folds them as of its own clock, so the real replicas keep the pool shedding."""
     s = loop_settings
-    run(topics.ensure_topics(s, s.kafka_bootstrap_servers))
-    worker = worker_factory(s).start()
-    requests_topic, replicas_topic = topics.REQUESTS.name(s), topics.REPLICAS.name(s)
+    worker, requests_topic, replicas_topic = started_worker(s, worker_factory)
 
     async def scenario():
         async with ShedLoop(s) as loop:
