@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import random
 import time
-from collections import OrderedDict
 
 from .signal_book import SignalBook
 from .sliding_counts import SlidingCounts
@@ -30,7 +29,7 @@ class Decider:
         self.window_s = window_s
         # attempts and retries per pool, each judged by its own pool's budget: shared, one pool's retry storm
         # spent a quiet pool's budget and a busy healthy pool's attempts hid a failing pool's retries
-        self.attempts: OrderedDict[str, SlidingCounts] = OrderedDict()
+        self.attempts: dict[str, SlidingCounts] = {}   # the pool counted longest ago first
 
     def record(self, accepted: bool) -> None:
         """The backend's answer to a request this router sent (feeds adaptive throttling)."""
@@ -49,7 +48,7 @@ class Decider:
         # the retry budget is for the cascade (retries after timeouts and failures); a retry that answers
         # our own shedding is judged by the admit fraction like any request, or shed work could never return
         budgeted = request.retry and not request.after_shed
-        counts = self.attempts.get(request.pool) or self._attempts(request.pool)
+        counts = self.attempts.get(request.pool) or self._new_counts(request.pool)
         counts.add(now, 1, 1 if budgeted else 0)
         if budgeted:
             attempts, retries = counts.totals(now)
@@ -76,14 +75,12 @@ class Decider:
             return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))
         return self._elsewhere(signal, slo, "shed")
 
-    def _attempts(self, pool: str) -> SlidingCounts:
-        """The pool's counts, for as many pools as the signal book keeps: the one counted longest ago is
+    def _new_counts(self, pool: str) -> SlidingCounts:
+        """A pool's first counts, for as many pools as the signal book keeps: the one counted longest ago is
         forgotten first (its counts start over, as after the window)."""
-        counts = self.attempts.get(pool)
-        if counts is None:
-            if len(self.attempts) >= self.book.max_pools:
-                self.attempts.popitem(last=False)
-            counts = self.attempts[pool] = SlidingCounts(self.window_s)
+        if len(self.attempts) >= self.book.max_pools:
+            del self.attempts[next(iter(self.attempts))]
+        counts = self.attempts[pool] = SlidingCounts(self.window_s)
         return counts
 
     def _spread(self, retry_after_s: float, low: float = 0.5) -> float:
