@@ -50,10 +50,12 @@ class Decider:
         budgeted = request.retry and not request.after_shed
         counts = self.attempts.get(request.pool) or self._new_counts(request.pool)
         counts.add(now, 1, 1 if budgeted else 0)
-        if budgeted:
+        # a critical retry counts against the budget (it tightens the others') but is judged, like every
+        # critical request, only by critical's admit fraction: the protection the docs promise
+        if budgeted and request.priority != "critical":
             attempts, retries = counts.totals(now)
             if retries > signal["retry_budget"] * attempts + self.min_retries:
-                return Reject(1.0, "retry_budget")
+                return self._reject(signal, "retry_budget")
         slo = request.slo_ttft_s
         # early rejection spares work that would miss its SLO, but never critical work: critical is shed
         # only through its admit fraction, after every other class, down to the policy's floor
@@ -100,7 +102,17 @@ class Decider:
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             return Redirect(options[min(pick, len(options) - 1)]["pool"])
+        return self._reject(signal, reason)
+
+    def _reject(self, signal: dict, reason: str) -> Reject:
         return Reject(self._spread(signal["defer"]["retry_after_s"]), reason)
+
+    def reject(self, pool: str, reason: str) -> Reject:
+        """A rejection of a request for ``pool``, its retry-after spread like the decider's own: for a caller
+        that cannot make the move a Redirect asks for (the LiteLLM hook, when the caller's key may not call
+        the sibling). 1 s when the pool has no current signal."""
+        signal = self.book.current(pool, self.clock() * 1000)
+        return self._reject(signal, reason) if signal is not None else Reject(1.0, reason)
 
     def _throttle(self, now: float) -> Verdict:
         p_reject = self.throttle.reject_probability(now)
