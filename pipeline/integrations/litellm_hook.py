@@ -105,6 +105,27 @@ class SluiceAdmission(CustomLogger):
         except Exception:
             return False
 
+    @staticmethod
+    async def _key_may_call(key: Any, model_group: str) -> bool:
+        """Whether LiteLLM's own model checks let this key, and its team, call ``model_group``. The proxy checked
+        the group the caller asked for before this hook; a move to a sibling group must pass the same checks, or
+        a caller could reach a group its key may not call. Anything these checks cannot settle (another LiteLLM
+        release, a key object without the fields) is a no: the move does not happen and the shedding stands."""
+        try:
+            from litellm.proxy._types import LiteLLM_TeamTable
+            from litellm.proxy.auth.auth_checks import can_key_call_model, can_team_access_model
+            from litellm.proxy.proxy_server import llm_model_list, llm_router
+
+            await can_key_call_model(model=model_group, llm_model_list=llm_model_list, valid_token=key,
+                                     llm_router=llm_router)
+            if key.team_id is not None:
+                team = LiteLLM_TeamTable(team_id=key.team_id, models=list(key.team_models or []))
+                await can_team_access_model(model=model_group, team_object=team, llm_router=llm_router,
+                                            team_model_aliases=key.team_model_aliases)
+            return True
+        except Exception:
+            return False
+
     def _slo(self, pool: str) -> tuple[float, float]:
         profile = self.configs.for_pool(pool).profile
         return profile.slo_ttft_s, profile.slo_tpot_s
@@ -124,12 +145,14 @@ class SluiceAdmission(CustomLogger):
             call = call_info(data, getattr(user_api_key_dict, "team_id", None),
                              getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo)
             verdict = self.router.decide(call.request())
+            if isinstance(verdict, Redirect) and not (self._serves(verdict.pool)
+                                                      and await self._key_may_call(user_api_key_dict, verdict.pool)):
+                # a pool this proxy has no model group for, or one the caller's key may not call: the move
+                # cannot happen, the shedding stands (and the events say so)
+                verdict = self.router.decider.reject(call.pool, "shed")
             now_ms = int(time.time() * 1000)
             self.emitter.emit(event(call, "received", now_ms))
             self.emitter.emit(verdict_event(call, verdict, now_ms))
-            if isinstance(verdict, Redirect) and not self._serves(verdict.pool):
-                # a pool this proxy has no model group for: the move cannot happen, the shedding stands
-                verdict = Reject(1.0, "shed")
             if isinstance(verdict, (Reject, Defer)):
                 refusal = verdict
             else:

@@ -66,15 +66,42 @@ def test_shed_and_deferred_calls_get_429_with_their_retry_after_and_critical_pas
     assert phases == ["received", "rejected", "received", "deferred", "received", "admitted"]
 
 
+def key(models: list[str], team_models: list[str] | None = None):
+    """A proxy key as LiteLLM's auth hands it to the hook: the model groups it, and its team, may call."""
+    from litellm.proxy._types import UserAPIKeyAuth
+
+    return UserAPIKeyAuth(models=models, team_id="team-a" if team_models is not None else None,
+                          team_models=team_models or [], user_id="u1")
+
+
 def test_a_redirect_switches_the_model_group_when_the_proxy_serves_it(monkeypatch):
     h = hook()
     publish(h, redirect=[{"pool": "cool", "weight": 1.0, "cold_prefill_cost_s": 0.1}])
     monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: group == "cool"))
-    assert pre_call(h, "sheddable")["model"] == "cool"
+    assert asyncio.run(h.async_pre_call_hook(key([]), None, data("sheddable"), "acompletion"))["model"] == "cool"
     monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: False))
     with pytest.raises(HTTPException) as shed:   # a pool with no model group here: shed, never a broken call
-        pre_call(h, "sheddable")
+        asyncio.run(h.async_pre_call_hook(key([]), None, data("sheddable"), "acompletion"))
     assert shed.value.status_code == 429
+
+
+def test_a_redirect_never_reaches_a_model_group_the_callers_key_or_team_may_not_call(monkeypatch):
+    """LiteLLM checked the key against the group the caller asked for before the hook; a move to a sibling
+    group must pass the same check, or shedding would hand callers groups their key is refused. Refused, the
+    move becomes the shedding it replaced: a 429 with the signal's spread retry-after, and events that say
+    rejected."""
+    h = hook()
+    publish(h, redirect=[{"pool": "cool", "weight": 1.0, "cold_prefill_cost_s": 0.1}])
+    monkeypatch.setattr(SluiceAdmission, "_serves", staticmethod(lambda group: True))
+    for caller in (key(["hot"]), key([], team_models=["hot"]), KEY):   # KEY: no model fields at all
+        h.emitter.queue._queue.clear()
+        with pytest.raises(HTTPException) as shed:
+            asyncio.run(h.async_pre_call_hook(caller, None, data("sheddable"), "acompletion"))
+        assert shed.value.status_code == 429 and 21 <= int(shed.value.headers["Retry-After"]) <= 63
+        assert [e["phase"] for e in list(h.emitter.queue._queue)] == ["received", "rejected"]
+    moved = asyncio.run(h.async_pre_call_hook(key(["hot", "cool"], team_models=["hot", "cool"]), None,
+                                              data("sheddable"), "acompletion"))
+    assert moved["model"] == "cool"
 
 
 def test_a_pool_the_caller_names_changes_neither_the_pool_nor_the_model_group(monkeypatch):
