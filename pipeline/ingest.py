@@ -81,21 +81,6 @@ class TimeBounds:
         return None
 
 
-def as_of_clock(events: list, now_ms: int) -> int:
-    """Request events stamped ahead of the worker's clock (a fast clock at their source, within
-    max_clock_skew_s) are taken as happening now; how many were. A pool's watermark is the newest event time
-    folded: one source ahead by more than ``allowed_lateness_s`` would make every other source's events late
-    and its replicas stale, and the pool would read idle. The events are changed in place (the control path's
-    own copies). Replica samples are placed the same way by ``PartialBuilder.fold_sample``, which differences
-    their counters on the replica's own times first."""
-    ahead = 0
-    for event in events:
-        if event.event_time > now_ms:
-            event.event_time = now_ms
-            ahead += 1
-    return ahead
-
-
 def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int,
                    seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> Decoded:
     """Every record ends as an event, a dead letter or a counted duplicate."""

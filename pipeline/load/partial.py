@@ -67,7 +67,15 @@ class PartialBuilder:
             partial = self.pending[pool] = Partial(id="", pool=pool)
         return partial
 
-    def fold_request(self, e: RequestEvent) -> None:
+    def fold_request(self, e: RequestEvent, not_after_ms: int | None = None) -> bool:
+        """``not_after_ms``: the worker's clock. An event stamped later (a fast clock at its source, within
+        max_clock_skew_s) is taken as happening then, and True says it was. A pool's watermark is the newest
+        time folded: one source ahead by more than ``allowed_lateness_s`` would make every other source's
+        events late and its replicas stale, and the pool would read idle. The event is changed in place (the
+        control path's own copy)."""
+        ahead = not_after_ms is not None and e.event_time > not_after_ms
+        if ahead:
+            e.event_time = not_after_ms
         partial = self._partial(e.pool)
         second = e.event_time // 1000
         agg = partial.requests.get(second)
@@ -77,23 +85,26 @@ class PartialBuilder:
         partial.models.add(e.model)
         if e.event_time > partial.newest_ms:
             partial.newest_ms = e.event_time
+        return ahead
 
-    def fold_sample(self, s: ReplicaSample, not_after_ms: int | None = None) -> None:
-        """``not_after_ms``: the worker's clock. A sample stamped later (a fast clock at the replica) is
-        placed there, its counters still differenced on the replica's own times (``ingest.as_of_clock``)."""
+    def fold_sample(self, s: ReplicaSample, not_after_ms: int | None = None) -> bool:
+        """``not_after_ms`` as for ``fold_request``: a sample stamped later is placed there, its counters still
+        differenced on the replica's own times (so a fast replica's GPU-seconds are not lost)."""
         deltas = self.tracker.deltas(s)
         partial = self._partial(s.pool)
         replica = partial.replicas.get(s.replica_id)
         if replica is None:
             replica = partial.replicas[s.replica_id] = ReplicaAgg()
         latest = ReplicaLatest.of(s)
-        if not_after_ms is not None and latest.event_time > not_after_ms:
+        ahead = not_after_ms is not None and latest.event_time > not_after_ms
+        if ahead:
             latest.event_time = not_after_ms
         replica.see(latest)
         if deltas:
             replica.add(latest.event_time // 1000, deltas)
         if latest.event_time > partial.newest_ms:
             partial.newest_ms = latest.event_time
+        return ahead
 
     def drain(self, cut: object, max_bytes: int | None = None) -> list[Partial]:
         """The partials folded since the last drain, identified by this source and ``cut``

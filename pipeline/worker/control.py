@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics, topics
 from ..events import Event, ReplicaSample, RequestEvent
-from ..ingest import Record, RecentIds, TimeBounds, as_of_clock, decode_records
+from ..ingest import Record, RecentIds, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
@@ -108,20 +108,21 @@ class ControlConsumer(BatchLoop):
         metrics.CONTROL_EVENTS.labels(topic, "duplicate").inc(decoded.duplicates)
         if decoded.newest_event_ms:
             metrics.NEWEST_EVENT_TIME.labels(topic).set(decoded.newest_event_ms / 1000)
+        ahead = 0   # events stamped ahead of this clock, folded as of it (PartialBuilder.fold_request)
         if cls is ReplicaSample:
-            metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(sum(e.event_time > now_ms for e in decoded.events))
             for event in decoded.events:
-                builder.fold_sample(event, now_ms)
+                ahead += builder.fold_sample(event, now_ms)
+            metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(ahead)
             return
-        metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(as_of_clock(decoded.events, now_ms))
         completed: dict[str, list[int]] = {}
         for event in decoded.events:
-            builder.fold_request(event)
+            ahead += builder.fold_request(event, now_ms)
             if event.phase == "completed":
                 counts = completed.setdefault(event.pool, [0, 0])
                 counts[0] += 1
                 if event.ttft_s is not None and event.slo_ttft_s is not None and event.ttft_s > event.slo_ttft_s:
                     counts[1] += 1
+        metrics.CONTROL_EVENTS_AHEAD.labels(topic).inc(ahead)
         for pool, (done, missed) in completed.items():
             label = metrics.pool_label(pool)
             metrics.REQUESTS_COMPLETED.labels(label).inc(done)

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import RecentIds, Record, TimeBounds, as_of_clock, decode_records
+from pipeline.ingest import RecentIds, Record, TimeBounds, decode_records
+from pipeline.load.partial import PartialBuilder
 from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
 
@@ -168,5 +169,8 @@ def test_events_ahead_of_the_workers_clock_but_within_the_skew_are_folded_as_of_
     records = [Record("raw", 0, i, 1, b"task-1", orjson.dumps(e)) for i, e in enumerate(events)]
     decoded = decode_records(RequestEvent, records, 1 << 20, now, bounds=TimeBounds(max_ahead_ms=60_000))
     assert decoded.newest_event_ms == now + 45_000, "the metric still shows the source's own clock"
-    assert as_of_clock(decoded.events, now) == 1
+    builder = PartialBuilder("raw/0", 15)
+    assert [builder.fold_request(e, not_after_ms=now) for e in decoded.events] == [True, False, False]
     assert [e.event_time for e in decoded.events] == [now, now - 250, now]
+    (partial,) = builder.drain(1)
+    assert partial.newest_ms == now and max(partial.requests) == now // 1000

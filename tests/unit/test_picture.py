@@ -248,7 +248,8 @@ def test_a_sample_ahead_of_the_workers_clock_is_placed_at_it_but_differenced_on_
     ahead), while its counters are differenced on its own times, so its GPU-seconds are not lost."""
     builder = PartialBuilder("raw/0", 15)
     for i, second in enumerate((145, 146, 147)):
-        builder.fold_sample(sample("r1", second, 0, 0.5, i), not_after_ms=100_500)
+        assert builder.fold_sample(sample("r1", second, 0, 0.5, i), not_after_ms=100_500), "counted as ahead"
+    assert not builder.fold_sample(sample("r2", 100, 0, 0.5, 0), not_after_ms=100_500)
     (partial,) = builder.drain(1)
     replica = partial.replicas["r1"]
     assert partial.newest_ms == 100_500 and replica.latest.event_time == 100_500
