@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .events import PRIORITIES
+
 ENV_PREFIX = "SLUICE_"
 CONFIG_FILE_ENV = "SLUICE_CONFIG"
 ALIASES = {"kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS", "clickhouse_url": "CLICKHOUSE_URL",
@@ -235,6 +237,12 @@ class Settings:
         "and the engine trace the same request into the topic, or each request counts twice.",
         pattern=r"(unspecified|internal|server|client|producer|consumer)"
                 r"(,(unspecified|internal|server|client|producer|consumer))*"))
+    litellm_max_priority: str = field(default="critical", metadata=_doc(
+        "The highest class a LiteLLM proxy caller may claim (`x-sluice-priority`, `sluice_priority`) when its key's "
+        "metadata, or else its team's, names none (`sluice_max_priority`): a claim above it is lowered to it. "
+        "`critical` trusts every caller's claim; `standard` lets only keys or teams an admin marks send critical "
+        "work, the class shed last and never for a tenant's fair share (docs/integrations.md).",
+        choices=PRIORITIES))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

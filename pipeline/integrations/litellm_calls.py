@@ -110,13 +110,25 @@ def _flag(value: Any) -> bool | None:
     return None
 
 
+def priority_ceiling(key: Any, default: str) -> str:
+    """The highest class this caller may claim: ``sluice_max_priority`` in its key's metadata, else in its
+    team's, else ``default`` (the ``litellm_max_priority`` setting). Key and team metadata are an admin's
+    (the caller's own request metadata is not consulted); a value that names no class is ignored."""
+    for metadata in (getattr(key, "metadata", None), getattr(key, "team_metadata", None)):
+        value = metadata.get("sluice_max_priority") if isinstance(metadata, Mapping) else None
+        if isinstance(value, str) and value.lower() in PRIORITIES:
+            return value.lower()
+    return default
+
+
 def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,
-              slo: Callable[[str], tuple[float, float]]) -> CallInfo:
+              slo: Callable[[str], tuple[float, float]], max_priority: str = "critical") -> CallInfo:
     """The call as Sluice sees it, from the proxy's request ``data`` and the caller's key; ``slo(pool)``
-    gives the pool's (TTFT, TPOT) objectives."""
+    gives the pool's (TTFT, TPOT) objectives; a class claimed above ``max_priority`` is lowered to it."""
     model = _name(data.get("model"), 128) or "unknown"
     priority = _lookup(data, "priority")
     priority = priority.lower() if isinstance(priority, str) and priority.lower() in PRIORITIES else "standard"
+    priority = PRIORITIES[max(PRIORITIES.index(priority), PRIORITIES.index(max_priority))]
     request_id = _text(call_id) or str(uuid.uuid4())
     task_id = _text(_lookup(data, "task_id"))
     final = _flag(_lookup(data, "final"))

@@ -34,7 +34,8 @@ from ..broker import bootstrap_servers
 from ..load.config import PictureConfigs
 from ..router import Defer, EventEmitter, Redirect, Reject, RouterClient
 from ..settings import Settings, load_settings
-from .litellm_calls import STASH, CallInfo, call_info, completion_events, event, failure_event, verdict_event
+from .litellm_calls import (STASH, CallInfo, call_info, completion_events, event, failure_event,
+                            priority_ceiling, verdict_event)
 
 log = logging.getLogger(__name__)
 CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
@@ -143,7 +144,8 @@ class SluiceAdmission(CustomLogger):
         try:
             self._connect()
             call = call_info(data, getattr(user_api_key_dict, "team_id", None),
-                             getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo)
+                             getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo,
+                             priority_ceiling(user_api_key_dict, self.settings.litellm_max_priority))
             verdict = self.router.decide(call.request())
             if isinstance(verdict, Redirect) and not (self._serves(verdict.pool)
                                                       and await self._key_may_call(user_api_key_dict, verdict.pool)):

@@ -117,6 +117,26 @@ def test_a_pool_the_caller_names_changes_neither_the_pool_nor_the_model_group(mo
         assert shed.value.status_code == 429, "judged by hot's signal, where the call goes"
 
 
+def test_with_a_ceiling_only_keys_marked_by_an_admin_send_critical_work():
+    """``litellm_max_priority = standard``: an unmarked key's critical claim is judged as standard (and its
+    events say standard); a key whose metadata says ``sluice_max_priority: critical`` keeps it."""
+    from litellm.proxy._types import UserAPIKeyAuth
+
+    settings = load_settings(env={}, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", signing_keys=KEYS,
+                             signing_key_id="k", litellm_max_priority="standard")
+    h = SluiceAdmission(settings)
+    publish(h)
+    unmarked, marked = UserAPIKeyAuth(team_id="team-a"), UserAPIKeyAuth(metadata={"sluice_max_priority": "critical"})
+    stashed = asyncio.run(h.async_pre_call_hook(unmarked, None, data("critical"), "acompletion"))["metadata"]
+    assert stashed["sluice_call"]["priority"] == "standard"
+    stashed = asyncio.run(h.async_pre_call_hook(marked, None, data("critical"), "acompletion"))["metadata"]
+    assert stashed["sluice_call"]["priority"] == "critical"
+    lowered = UserAPIKeyAuth(metadata={"sluice_max_priority": "sheddable"})
+    with pytest.raises(HTTPException) as shed:   # hot sheds sheddable work: a key kept to sheddable is shed
+        asyncio.run(h.async_pre_call_hook(lowered, None, data("critical"), "acompletion"))
+    assert shed.value.status_code == 429
+
+
 def test_a_callers_own_stash_is_dropped_so_it_cannot_borrow_a_tenant_or_pool():
     h = hook()
     forged = {"task_id": "t", "request_id": "r", "attempt": 1, "step": 0, "tenant": "someone-else", "priority":

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from pipeline.events import RequestEvent, Rejected
 from pipeline.ingest import decode
 from pipeline.integrations.litellm_calls import (CallInfo, call_info, completion_events, event, failure_event,
-                                                 verdict_event)
+                                                 priority_ceiling, verdict_event)
 from pipeline.router import ADMIT, Defer, Redirect, Reject
 
 SLO = lambda pool: (2.0, 0.1)  # noqa: E731
@@ -35,6 +35,26 @@ def test_headers_name_priority_task_and_attempt_and_the_key_names_the_tenant():
         "critical", "task-7", "0f8c2a4e-call", 2, 1, "team-a", "chat-8b")
     assert call.request().continuing and call.request().retry and call.final is False
     assert call.request().tenant == "team-a"   # the key's team: what fair shares between tenants are judged by
+
+
+def test_a_caller_claims_no_class_above_its_ceiling_which_its_keys_or_teams_metadata_sets():
+    """Critical is the class shed last and never for a tenant's fair share: an operator can keep it for the keys
+    or teams an admin marks (``sluice_max_priority`` in their metadata) and lower everyone else's claim."""
+    claim = proxy_data({"x-sluice-priority": "critical"})
+    assert call_info(claim, "t", "u", "c", SLO, max_priority="standard").priority == "standard"
+    assert call_info(claim, "t", "u", "c", SLO, max_priority="critical").priority == "critical"
+    sheddable = proxy_data({"x-sluice-priority": "sheddable"})
+    assert call_info(sheddable, "t", "u", "c", SLO, max_priority="standard").priority == "sheddable", \
+        "a ceiling only lowers"
+    plain = SimpleNamespace(metadata={}, team_metadata=None)
+    marked = SimpleNamespace(metadata={"sluice_max_priority": "Critical"}, team_metadata={"sluice_max_priority": "x"})
+    team_marked = SimpleNamespace(metadata={"sluice_max_priority": "bogus"},
+                                  team_metadata={"sluice_max_priority": "sheddable"})
+    assert [priority_ceiling(key, "standard") for key in (plain, marked, team_marked, object())] == [
+        "standard", "critical", "sheddable", "standard"]
+    own = proxy_data({"x-sluice-priority": "critical"}, metadata={"sluice_max_priority": "critical"})
+    assert call_info(own, "t", "u", "c", SLO, max_priority=priority_ceiling(plain, "standard")).priority == \
+        "standard", "the caller's own request metadata sets no ceiling"
 
 
 def test_metadata_works_too_and_defaults_make_a_one_step_standard_task():
