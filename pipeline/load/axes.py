@@ -73,10 +73,12 @@ class Replicas:
     unhealthy: tuple[str, ...]  # sampled recently, reporting unhealthy: no capacity, but still queueing work
     stale: tuple[str, ...]      # no sample for stale_after_s
     quiet: tuple[str, ...]      # stale for under twice that: may still be serving, so its KV cache counts as full
+    outliers: tuple[str, ...] = ()  # read far above every sibling: counted at a cap (replica_outliers)
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": len(self.fresh) + len(self.stale) + len(self.unhealthy), "fresh": len(self.fresh),
-                "stale": len(self.stale), "unhealthy": len(self.unhealthy), "stale_ids": list(self.stale[:20])}
+                "stale": len(self.stale), "unhealthy": len(self.unhealthy), "stale_ids": list(self.stale[:20]),
+                "outlier_ids": list(self.outliers[:20])}
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ class Readings:
     cost_requests: RequestAgg                 # request events over the cost window
     replicas: Replicas
     samples: Mapping[str, ReplicaSample]      # each replica's newest sample, where it has one
-    sums: Mapping[str, Mapping[str, float]]       # per replica: counter deltas over the fast window
+    waiting: Mapping[str, float]              # per fresh or unhealthy replica: its engine queue, outlier capped
+    sums: Mapping[str, Mapping[str, float]]       # per replica: counter deltas over the fast window, outlier capped
     cost_sums: Mapping[str, Mapping[str, float]]  # per replica: counter deltas over the cost window
 
 
@@ -125,7 +128,7 @@ def queue_axis(r: Readings) -> Axis:
     requests' duration (10–15 s under load), which is too late to act on."""
     p = r.profile
     sampled = r.replicas.fresh + r.replicas.unhealthy
-    waiting = sum(r.samples[i].requests_waiting for i in sampled)
+    waiting = int(sum(r.waiting.values()))
     drain_rps = r.requests.counts["completed"] / r.fast_s
     predicted_wait = (waiting / drain_rps if drain_rps else (None if not waiting else float("inf")))
     sketch = r.requests.sketches.get("queue")

@@ -22,7 +22,7 @@ and read back with ``read_picture``.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import orjson
@@ -34,6 +34,7 @@ from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
 from .partial import Partial
 from .profiles import Profile
+from .replica_outliers import SOLO_SHARE, top_capped
 
 __all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
 
@@ -216,13 +217,29 @@ class PoolState:
     def readings(self, config: PictureConfig) -> Readings:
         """The windows added up at the watermark: what every axis function reads."""
         fast, slow = config.fast_window_s, config.cost_window_s
+        replicas = self._replica_classes(config)
+        samples = {r: a.latest for r, a in self.replicas.items() if a.latest is not None}
+        sums = {r: self._replica_sums(a, fast) for r, a in self.replicas.items()}
+        # the queue, the token rate and the preemptions of the replicas reporting now, the highest of each
+        # counted at most a multiple of the next (replica_outliers): one replica cannot shed its pool alone
+        sampled = replicas.fresh + replicas.unhealthy
+        p, alone = config.profile, SOLO_SHARE * max(len(replicas.fresh), 1)
+        waiting, top = top_capped({r: samples[r].requests_waiting for r in sampled},
+                                  alone * p.queue_wait_fraction * p.slo_ttft_s * p.capacity_rps_per_replica)
+        outliers = {top} - {None}
+        for names, floor in ((("prompt_tokens", "generation_tokens"), p.compute_limit * p.peak_tokens_per_s),
+                             (("preemptions",), p.preemptions_per_s_limit)):
+            totals = {r: sum(sums[r][name] for name in names) for r in sampled}
+            capped, top = top_capped(totals, alone * floor * fast)
+            if top is not None:
+                scale = capped[top] / totals[top]
+                sums[top] = sums[top] | {name: sums[top][name] * scale for name in names}
+                outliers.add(top)
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
             requests=self._requests_in(fast), cost_requests=self._requests_in(slow, sketches=False),
-            replicas=self._replica_classes(config),
-            samples={r: a.latest for r, a in self.replicas.items() if a.latest is not None},
-            sums={r: self._replica_sums(a, fast) for r, a in self.replicas.items()},
-            cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()})
+            replicas=replace(replicas, outliers=tuple(sorted(outliers))), samples=samples, waiting=waiting,
+            sums=sums, cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()})
 
     def picture(self, config: PictureConfig) -> "LoadPicture":
         """The pool's picture now: every axis in ``AXIS_FUNCTIONS``, with the rates and latencies beside them."""

@@ -615,32 +615,30 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
 # 6 -----------------------------------------------------------------------------------------------------------
 
 LIE_FROM_S, LIE_TO_S = 10.0, 30.0   # when, in the live run's seconds, one replica reports an absurd queue
-RECOVERY_S = 55.0                   # from the last lie to every class admitted again (see the test) ...
-CAPACITY_BACK_S = 60.0              # ... and to the serving capacity at the profile's figure again
 
 
-def test_a_replica_reporting_an_absurd_queue_cannot_keep_the_pool_shut_after_it_stops(settings, worker_factory):
+def test_a_replica_reporting_an_absurd_queue_cannot_shed_its_pool(settings, worker_factory):
     """A replica (a broken GPU agent or a hostile ``gpu-agent`` principal) reports the schema's largest
-    ``requests_waiting`` (1,000,000) for 20 s beside a fleet at 0.7× its SLO capacity, then sane samples.
+    ``requests_waiting`` (1,000,000) for 20 s beside a fleet at 0.7× its SLO capacity.
 
-    While it lies the pool sheds — a real queue that deep looks the same, and the lie is bounded by its own
-    duration. What must not happen is that the lie outlives itself. The serving capacity used to be measured
-    from completions whenever a queue stood: shedding let fewer requests complete, the figure followed them
-    down (to ~1% of the profile's in 20 s), and climbed back by 2% of itself a tick — still under a fifth
-    of the profile's 85 s after the lie. Now a queue beside idle replicas is no measurement, and any
-    measured figure climbs back by 1% of the profile's a tick (at most 100 ticks of 0.5 s): the figure
-    must stay near the profile's and be back at it within CAPACITY_BACK_S, and every class must be admitted
-    again within RECOVERY_S (the shed level stepping down and the trim winding down, measured ~20 s)."""
+    Summed with its siblings' queues, that read as a pool at the queue axis's cap: the pool shed while its
+    other replicas sat idle, and the serving capacity measured from completions followed the shedding down
+    (this test used to assert both, and that they ended within a minute after the lie). Now the highest
+    replica counts at most 4× the next highest, or what alone takes the queue axis to half the pool's limit
+    (``replica_outliers``): the pictures name the liar, critical and standard work is never shed, sheddable
+    work is admitted in full again while the lie goes on (the step to half the limit briefly trims it), and
+    the serving capacity holds. Deferrable work stays partly deferred during the lie (half the limit, on top
+    of the fleet's own queue, is where the policy starts deferring it: measured, session 19)."""
     from pipeline.sim.live import run_live
     from pipeline.sim.scenarios import POOL as SIM_POOL, SCENARIOS, Fleet, slo_capacity, sluice_settings
 
-    fleet = Fleet(duration_s=LIE_TO_S + CAPACITY_BACK_S + 5, drain_s=20.0)
+    fleet = Fleet(duration_s=LIE_TO_S + 10, drain_s=10.0)
     capacity = slo_capacity(fleet, fleet.replicas)
     tuned = replace(sluice_settings(capacity, settings), retention_days=0)
     worker = worker_factory(tuned).start()
     clock = {"now": 0.0}
     seen: list[tuple[float, dict]] = []
-
+    named: list[float] = []   # when a picture named the liar as an outlier
     capacities: list[tuple[float, float]] = []
 
     def watch(now, sim, pictures):
@@ -648,6 +646,8 @@ def test_a_replica_reporting_an_absurd_queue_cannot_keep_the_pool_shut_after_it_
         signal = sim.controller.router.book.signals.get(SIM_POOL)
         if signal is not None:
             seen.append((now, dict(signal["admit_fraction"])))
+        if f"{SIM_POOL}-liar" in pictures.get(SIM_POOL, {}).get("replicas", {}).get("outlier_ids", []):
+            named.append(now)
         if not capacities or now - capacities[-1][0] >= 1.0:
             capacities.append((now, metric(worker, "sluice_pool_serving_capacity_rps", pool=SIM_POOL)))
 
@@ -677,21 +677,18 @@ def test_a_replica_reporting_an_absurd_queue_cannot_keep_the_pool_shut_after_it_
             await producer.stop()
 
     run(scenario())
-    lowest = min((a["sheddable"] for t, a in seen if LIE_FROM_S <= t <= LIE_TO_S + 5), default=1.0)
-    assert lowest < 1.0, "the absurd queue reached the decisions (else this test proves nothing)"
-    after = [(t, a) for t, a in seen if t >= LIE_TO_S]
-    open_at = next((t for t, a in after if all(f == 1.0 for f in a.values())), None)
-    trail = [(round(t), a["critical"], a["sheddable"]) for t, a in after[::8]]
+    during_lie = [(t, a) for t, a in seen if LIE_FROM_S <= t <= LIE_TO_S]
+    trail = [(round(t), a) for t, a in during_lie[::8]]
+    assert named and LIE_FROM_S <= min(named) <= LIE_FROM_S + 10, f"the pictures never named the liar: {named}"
+    assert all(a["critical"] == a["standard"] == 1.0 for _, a in during_lie), f"the lie shed real work: {trail}"
+    open_at = next((t for t, a in during_lie if t >= LIE_FROM_S + 5 and a["sheddable"] == 1.0), None)
+    assert open_at is not None and all(a["sheddable"] == 1.0 for t, a in during_lie if t >= open_at + 5), \
+        f"the lie kept sheddable work out while it went on: {trail}"
     budgets = [(round(t), round(c, 1)) for t, c in capacities[::4]]
-    assert open_at is not None and open_at - LIE_TO_S <= RECOVERY_S, \
-        f"still shedding after the lie: {trail}; serving capacity (req/s) {budgets}"
     profile = tuned.profiles["sim-pool"]["capacity_rps_per_replica"] * fleet.replicas   # the demand axis's limit
     during = [c for t, c in capacities if LIE_FROM_S <= t and c > 0]   # 0: a scrape the worker did not answer
     assert min(during) >= 0.5 * profile, f"the lie drove the serving capacity down: {budgets}"
-    back_at = next((t for t, c in capacities if t >= LIE_TO_S and c >= profile - 0.01), None)
-    assert back_at is not None and back_at - LIE_TO_S <= CAPACITY_BACK_S, \
-        f"the serving capacity is still below the profile's {profile:.1f} req/s: {budgets}"
-    print(f"\nabsurd queue for {LIE_TO_S - LIE_FROM_S:.0f} s: sheddable down to {lowest:.2f}, serving capacity "
-          f"{profile:.1f} → {min(during):.1f} req/s at the least; every class "
-          f"admitted again {open_at - LIE_TO_S:.1f} s after the last absurd sample, the capacity back at the profile's "
-          f"after {back_at - LIE_TO_S:.0f} s; capacity {budgets}")
+    lowest = {cls: min(a[cls] for _, a in during_lie) for cls in ("sheddable", "deferrable")}
+    print(f"\nabsurd queue for {LIE_TO_S - LIE_FROM_S:.0f} s on one replica: named an outlier {min(named) - LIE_FROM_S:.1f} s "
+          f"after it began; critical and standard never shed; lowest {lowest}, sheddable admitted in full again "
+          f"{open_at - LIE_FROM_S:.1f} s into the lie; serving capacity {profile:.1f} → {min(during):.1f} req/s at the least")

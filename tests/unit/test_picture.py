@@ -58,7 +58,7 @@ def scenario_partials():
     builder = PartialBuilder("raw/0", replica_max_gap_s=15)
     for second in range(90, 110):
         builder.fold_sample(sample("r1", second, 4, 0.6, second - 90))
-        builder.fold_sample(sample("r2", second, 2, 0.8, 0))
+        builder.fold_sample(sample("r2", second, 2, 0.8, (second - 90) // 2))
     builder.fold_sample(sample("r3", 93, 0, 0.2, 0))
     for second in range(100, 110):
         for i in range(5):
@@ -117,12 +117,13 @@ def test_latency_axis_within_sketch_error(picture):
 def test_pool_pressure_is_the_maximum_axis(picture):
     assert picture["pressure"] == pytest.approx(10 / 60 / 0.1, rel=1e-5)
     assert picture["binding_axis"] == "errors"
-    assert picture["axes"]["kv_cache"]["detail"]["preemptions_per_s_per_replica"] == pytest.approx(0.5)
+    assert picture["axes"]["kv_cache"]["detail"]["preemptions_per_s_per_replica"] == pytest.approx(0.75)
     assert picture["axes"]["errors"]["detail"]["retry_amplification"] == pytest.approx(1.2)
 
 
 def test_stale_replica_counts_as_saturated_and_leaves_capacity(picture):
-    assert picture["replicas"] == {"total": 3, "fresh": 2, "stale": 1, "unhealthy": 0, "stale_ids": ["r3"]}
+    assert picture["replicas"] == {"total": 3, "fresh": 2, "stale": 1, "unhealthy": 0, "stale_ids": ["r3"],
+                                   "outlier_ids": []}
     assert picture["axes"]["demand"]["limit"] == 20
 
 
@@ -395,3 +396,57 @@ def test_eviction_touches_only_what_left_the_window_yet_leaves_nothing_behind(se
     late.fold_request(req(0, "completed", task_id="late"))
     (old,) = late.drain("0-0")
     assert restored.merge(old, CONFIG) and restored.evicted == [old.id], "a restored state evicts too"
+
+
+def lying_pool(liar_waiting: int, liar_rate: int) -> dict:
+    """Pool "p" over 90..109 s: r1 and r2 as in the scenario (waiting 4 and 2, 150 tokens/s, r1 one
+    preemption a second, r2 one every two), and r9 reporting ``liar_waiting`` waiting and ``liar_rate`` times
+    r1's token and preemption counts; completions of 5/s so the queue drains."""
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(90, 110):
+        builder.fold_sample(sample("r1", second, 4, 0.6, second - 90))
+        builder.fold_sample(sample("r2", second, 2, 0.6, (second - 90) // 2))
+        liar = sample("r9", second, liar_waiting, 0.6, (second - 90) * liar_rate)
+        liar.prompt_tokens_total *= liar_rate
+        liar.generation_tokens_total *= liar_rate
+        builder.fold_sample(liar)
+        for i in range(5):
+            builder.fold_request(req(second, "completed", final=True, task_id=f"t{second}-{i}"))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    return state.snapshot(CONFIG)
+
+
+def test_one_replica_reading_far_above_its_siblings_counts_at_most_four_times_the_next_or_half_the_limit():
+    """A replica reporting a million waiting, 10,000× its siblings' tokens and preemptions (a broken exporter,
+    a compromised host) read as the queue, compute and KV axes at their caps (10) and shed a pool whose other
+    replicas are calm. It counts at most 4× the next highest replica, or what alone takes the axis to half
+    the pool's limit if that is more, and is named in the picture."""
+    honest = lying_pool(liar_waiting=4, liar_rate=1)
+    lying = lying_pool(liar_waiting=1_000_000, liar_rate=10_000)
+    assert honest["replicas"]["outlier_ids"] == [] and lying["replicas"]["outlier_ids"] == ["r9"]
+    assert lying["axes"]["queue"]["detail"]["requests_waiting"] == 4 + 2 + 4 * 4
+    # tokens: what alone takes compute to half its limit (0.5 × 3 replicas × 0.5 × 1000 tokens/s) is above
+    # 4× the next (600 tokens/s), so the floor is the cap
+    assert lying["axes"]["compute"]["value"] == pytest.approx(150 + 150 + 750)
+    assert lying["axes"]["kv_cache"]["detail"]["preemptions_per_s_per_replica"] == pytest.approx((1 + 0.5 + 4) / 3)
+    for axis in ("queue", "kv_cache", "compute"):
+        assert lying["axes"][axis]["pressure"] < 3 * max(honest["axes"][axis]["pressure"], 0.1), axis
+    assert lying["pressure"] < 3 * honest["pressure"] < 10
+
+
+def test_a_pool_overloaded_on_every_replica_is_read_in_full():
+    """The cap only touches a replica far above all its siblings: when the whole pool is loaded, every
+    replica's queue counts."""
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(100, 110):
+        for replica, waiting in (("r1", 300), ("r2", 200), ("r3", 90)):
+            builder.fold_sample(sample(replica, second, waiting, 0.95, 0))
+        builder.fold_request(req(second, "completed", final=True, task_id=f"t{second}"))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    picture = state.snapshot(CONFIG)
+    assert picture["replicas"]["outlier_ids"] == []
+    assert picture["axes"]["queue"]["detail"]["requests_waiting"] == 590
