@@ -238,10 +238,10 @@ class Settings:
         pattern=r"(unspecified|internal|server|client|producer|consumer)"
                 r"(,(unspecified|internal|server|client|producer|consumer))*"))
     litellm_max_priority: str = field(default="critical", metadata=_doc(
-        "The highest class a LiteLLM proxy caller may claim (`x-sluice-priority`, `sluice_priority`) when its key's "
-        "metadata, or else its team's, names none (`sluice_max_priority`): a claim above it is lowered to it. "
-        "`critical` trusts every caller's claim; `standard` lets only keys or teams an admin marks send critical "
-        "work, the class shed last and never for a tenant's fair share (docs/integrations.md).",
+        "The highest class a LiteLLM proxy caller may claim (`x-sluice-priority`, `sluice_priority`) unless its "
+        "team's metadata names another (`sluice_max_priority`; a key's own can only lower it): a claim above it is "
+        "lowered to it. `critical` trusts every caller's claim; `standard` lets only teams an admin marks send "
+        "critical work, the class shed last and never for a tenant's fair share (docs/integrations.md).",
         choices=PRIORITIES))
 
     def __post_init__(self) -> None:

@@ -111,14 +111,17 @@ def _flag(value: Any) -> bool | None:
 
 
 def priority_ceiling(key: Any, default: str) -> str:
-    """The highest class this caller may claim: ``sluice_max_priority`` in its key's metadata, else in its
-    team's, else ``default`` (the ``litellm_max_priority`` setting). Key and team metadata are an admin's
-    (the caller's own request metadata is not consulted); a value that names no class is ignored."""
-    for metadata in (getattr(key, "metadata", None), getattr(key, "team_metadata", None)):
+    """The highest class this caller may claim. ``sluice_max_priority`` in its team's metadata sets it (teams
+    are an admin's), else ``default`` (the ``litellm_max_priority`` setting); the key's own metadata can only
+    lower it, since LiteLLM lets internal users mint keys with any metadata. The caller's request metadata is
+    not consulted; a value that names no class is ignored."""
+    def named(metadata: Any) -> str | None:
         value = metadata.get("sluice_max_priority") if isinstance(metadata, Mapping) else None
-        if isinstance(value, str) and value.lower() in PRIORITIES:
-            return value.lower()
-    return default
+        return value.lower() if isinstance(value, str) and value.lower() in PRIORITIES else None
+
+    ceiling = named(getattr(key, "team_metadata", None)) or default
+    own = named(getattr(key, "metadata", None))
+    return own if own is not None and PRIORITIES.index(own) > PRIORITIES.index(ceiling) else ceiling
 
 
 def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,

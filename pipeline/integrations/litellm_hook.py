@@ -151,7 +151,7 @@ class SluiceAdmission(CustomLogger):
                                                       and await self._key_may_call(user_api_key_dict, verdict.pool)):
                 # a pool this proxy has no model group for, or one the caller's key may not call: the move
                 # cannot happen, the shedding stands (and the events say so)
-                verdict = self.router.decider.reject(call.pool, "shed")
+                verdict = self.router.decider.reject(call.pool, verdict.reason)
             now_ms = int(time.time() * 1000)
             self.emitter.emit(event(call, "received", now_ms))
             self.emitter.emit(verdict_event(call, verdict, now_ms))

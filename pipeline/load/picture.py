@@ -224,8 +224,12 @@ class PoolState:
         # counted at most a multiple of the next (replica_outliers): one replica cannot shed its pool alone
         sampled = replicas.fresh + replicas.unhealthy
         p, alone = config.profile, SOLO_SHARE * max(len(replicas.fresh), 1)
+        requests = self._requests_in(fast)
+        # the queue axis reads waiting ÷ completions/s: its floor is in the pool's drain, not its capacity (a
+        # quiet pool's liar read 10 with a capacity floor)
+        drain_rps = requests.counts["completed"] / fast
         waiting, top = top_capped({r: samples[r].requests_waiting for r in sampled},
-                                  alone * p.queue_wait_fraction * p.slo_ttft_s * p.capacity_rps_per_replica)
+                                  SOLO_SHARE * p.queue_wait_fraction * p.slo_ttft_s * drain_rps)
         outliers = {top} - {None}
         for names, floor in ((("prompt_tokens", "generation_tokens"), p.compute_limit * p.peak_tokens_per_s),
                              (("preemptions",), p.preemptions_per_s_limit)):
@@ -237,7 +241,7 @@ class PoolState:
                 outliers.add(top)
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
-            requests=self._requests_in(fast), cost_requests=self._requests_in(slow, sketches=False),
+            requests=requests, cost_requests=self._requests_in(slow, sketches=False),
             replicas=replace(replicas, outliers=tuple(sorted(outliers))), samples=samples, waiting=waiting,
             sums=sums, cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()})
 

@@ -101,7 +101,7 @@ class Decider:
                 total += option["weight"]
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
-            return Redirect(options[min(pick, len(options) - 1)]["pool"])
+            return Redirect(options[min(pick, len(options) - 1)]["pool"], reason)
         return self._reject(signal, reason)
 
     def _reject(self, signal: dict, reason: str) -> Reject:

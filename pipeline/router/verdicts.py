@@ -40,6 +40,7 @@ class Reject:
 @dataclass(frozen=True)
 class Redirect:
     pool: str
+    reason: str = "shed"   # why the work leaves its pool: the rejection's reason if the move cannot be made
 
 
 @dataclass(frozen=True)

@@ -119,16 +119,19 @@ def test_a_pool_the_caller_names_changes_neither_the_pool_nor_the_model_group(mo
 
 def test_with_a_ceiling_only_keys_marked_by_an_admin_send_critical_work():
     """``litellm_max_priority = standard``: an unmarked key's critical claim is judged as standard (and its
-    events say standard); a key whose metadata says ``sluice_max_priority: critical`` keeps it."""
+    events say standard), as is one whose own metadata raises its ceiling; a key of a team whose metadata says
+    ``sluice_max_priority: critical`` keeps it."""
     from litellm.proxy._types import UserAPIKeyAuth
 
     settings = load_settings(env={}, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", signing_keys=KEYS,
                              signing_key_id="k", litellm_max_priority="standard")
     h = SluiceAdmission(settings)
     publish(h)
-    unmarked, marked = UserAPIKeyAuth(team_id="team-a"), UserAPIKeyAuth(metadata={"sluice_max_priority": "critical"})
-    stashed = asyncio.run(h.async_pre_call_hook(unmarked, None, data("critical"), "acompletion"))["metadata"]
-    assert stashed["sluice_call"]["priority"] == "standard"
+    unmarked, self_raised = UserAPIKeyAuth(team_id="team-a"), UserAPIKeyAuth(metadata={"sluice_max_priority": "critical"})
+    marked = UserAPIKeyAuth(team_id="team-a", team_metadata={"sluice_max_priority": "critical"})
+    for key in (unmarked, self_raised):
+        stashed = asyncio.run(h.async_pre_call_hook(key, None, data("critical"), "acompletion"))["metadata"]
+        assert stashed["sluice_call"]["priority"] == "standard"
     stashed = asyncio.run(h.async_pre_call_hook(marked, None, data("critical"), "acompletion"))["metadata"]
     assert stashed["sluice_call"]["priority"] == "critical"
     lowered = UserAPIKeyAuth(metadata={"sluice_max_priority": "sheddable"})

@@ -47,11 +47,17 @@ def test_a_caller_claims_no_class_above_its_ceiling_which_its_keys_or_teams_meta
     assert call_info(sheddable, "t", "u", "c", SLO, max_priority="standard").priority == "sheddable", \
         "a ceiling only lowers"
     plain = SimpleNamespace(metadata={}, team_metadata=None)
-    marked = SimpleNamespace(metadata={"sluice_max_priority": "Critical"}, team_metadata={"sluice_max_priority": "x"})
     team_marked = SimpleNamespace(metadata={"sluice_max_priority": "bogus"},
+                                  team_metadata={"sluice_max_priority": "Critical"})
+    self_raised = SimpleNamespace(metadata={"sluice_max_priority": "critical"}, team_metadata=None)
+    team_raised = SimpleNamespace(metadata={"sluice_max_priority": "critical"},
                                   team_metadata={"sluice_max_priority": "sheddable"})
-    assert [priority_ceiling(key, "standard") for key in (plain, marked, team_marked, object())] == [
-        "standard", "critical", "sheddable", "standard"]
+    self_lowered = SimpleNamespace(metadata={"sluice_max_priority": "deferrable"},
+                                   team_metadata={"sluice_max_priority": "critical"})
+    assert [priority_ceiling(key, "standard") for key in (plain, team_marked, self_raised, team_raised,
+                                                         self_lowered, object())] == [
+        "standard", "critical", "standard", "sheddable", "deferrable", "standard"], \
+        "a team's metadata sets the ceiling; a key's own (which internal users can write) only lowers it"
     own = proxy_data({"x-sluice-priority": "critical"}, metadata={"sluice_max_priority": "critical"})
     assert call_info(own, "t", "u", "c", SLO, max_priority=priority_ceiling(plain, "standard")).priority == \
         "standard", "the caller's own request metadata sets no ceiling"

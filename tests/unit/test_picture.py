@@ -450,3 +450,20 @@ def test_a_pool_overloaded_on_every_replica_is_read_in_full():
     picture = state.snapshot(CONFIG)
     assert picture["replicas"]["outlier_ids"] == []
     assert picture["axes"]["queue"]["detail"]["requests_waiting"] == 590
+
+
+def test_a_liar_in_a_quiet_pool_cannot_read_a_queue_its_pool_never_drains():
+    """The queue axis reads waiting ÷ completions/s: with the floor in the pool's capacity, a liar beside four
+    idle replicas in a pool completing 1 request/s read 10 (review, session 19). The floor is in the drain."""
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(100, 110):
+        for replica in ("r1", "r2", "r3", "r4"):
+            builder.fold_sample(sample(replica, second, 0, 0.1, 0))
+        builder.fold_sample(sample("r9", second, 1_000_000, 0.1, 0))
+        builder.fold_request(req(second, "completed", final=True, task_id=f"t{second}"))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, CONFIG)
+    picture = state.snapshot(CONFIG)
+    assert picture["replicas"]["outlier_ids"] == ["r9"]
+    assert picture["axes"]["queue"]["pressure"] <= 0.5

@@ -94,8 +94,10 @@ def test_defer_redirect_and_early_rejection():
     shed = decider.decide(Request("p", "standard", slo_ttft_s=0.3))
     assert isinstance(shed, Reject) and shed.reason == "shed", "a cold move would miss the SLO"
     s["max_predicted_wait_s"] = 3.0
-    s["redirect"] = []
     s["admit_fraction"]["standard"] = 1.0
+    assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)) == Redirect("q", "predicted_wait"), \
+        "a move says why, for a caller that cannot make it (the LiteLLM hook rejects with that reason)"
+    s["redirect"] = []
     assert decider.decide(Request("p", "standard", slo_ttft_s=1.0)).reason == "predicted_wait"
     assert decider.decide(Request("p", "critical", slo_ttft_s=1.0)) == ADMIT, "critical: only its admit fraction"
 
