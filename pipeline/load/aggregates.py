@@ -145,10 +145,12 @@ class RequestAgg:
         for name, sketch in other.sketches.items():
             self._sketch(name).merge(sketch)
 
-    def merge_counts(self, other: "RequestAgg") -> None:
+    def merge_counts(self, other: "RequestAgg", tenants: bool = True) -> None:
         c = self.counts
         for name, value in other.counts.items():
             c[name] += value
+        if not tenants:
+            return
         for name, theirs in other.tenants.items():
             counts = self._tenant(name)
             for i, n in enumerate(theirs):

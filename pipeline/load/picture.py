@@ -34,7 +34,7 @@ from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
 from .partial import Partial
 from .profiles import Profile
-from .replica_outliers import SOLO_SHARE, top_capped
+from .replica_outliers import SOLO_SHARE, capped_sums, top_capped
 
 __all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
 
@@ -178,13 +178,14 @@ class PoolState:
         return range(end - seconds, end)
 
     def _requests_in(self, seconds: int, sketches: bool = True) -> RequestAgg:
-        """The window's request aggregates added up; without ``sketches``, the counts only (the cost
-        window spans minutes: merging its latency sketches every tick was most of a picture's cost)."""
+        """The window's request aggregates added up; without ``sketches``, the event counts only, not the
+        sketches or the tenants' counts (the cost window spans minutes and reads two counts: merging the rest
+        every tick was most of a picture's cost)."""
         total = RequestAgg()
         for second in self._window(seconds):
             agg = self.requests.get(second)
             if agg is not None:
-                total.merge(agg) if sketches else total.merge_counts(agg)
+                total.merge(agg) if sketches else total.merge_counts(agg, tenants=False)
         return total
 
     def _replica_sums(self, replica: ReplicaAgg, seconds: int, names: tuple[str, ...] = REPLICA_SUMS) -> dict[str, float]:
@@ -220,8 +221,9 @@ class PoolState:
         replicas = self._replica_classes(config)
         samples = {r: a.latest for r, a in self.replicas.items() if a.latest is not None}
         sums = {r: self._replica_sums(a, fast) for r, a in self.replicas.items()}
-        # the queue, the token rate and the preemptions of the replicas reporting now, the highest of each
-        # counted at most a multiple of the next (replica_outliers): one replica cannot shed its pool alone
+        # the queue (of the replicas reporting now), the token rate and the preemptions (of every replica with
+        # counters in the window), the highest of each counted at most a multiple of the next
+        # (replica_outliers): one replica cannot shed its pool alone
         sampled = replicas.fresh + replicas.unhealthy
         p, alone = config.profile, SOLO_SHARE * max(len(replicas.fresh), 1)
         requests = self._requests_in(fast)
@@ -230,15 +232,10 @@ class PoolState:
         drain_rps = requests.counts["completed"] / fast
         waiting, top = top_capped({r: samples[r].requests_waiting for r in sampled},
                                   SOLO_SHARE * p.queue_wait_fraction * p.slo_ttft_s * drain_rps)
-        outliers = {top} - {None}
-        for names, floor in ((("prompt_tokens", "generation_tokens"), p.compute_limit * p.peak_tokens_per_s),
-                             (("preemptions",), p.preemptions_per_s_limit)):
-            totals = {r: sum(sums[r][name] for name in names) for r in sampled}
-            capped, top = top_capped(totals, alone * floor * fast)
-            if top is not None:
-                scale = capped[top] / totals[top]
-                sums[top] = sums[top] | {name: sums[top][name] * scale for name in names}
-                outliers.add(top)
+        sums, capped = capped_sums(sums, (
+            (("prompt_tokens", "generation_tokens"), alone * p.compute_limit * p.peak_tokens_per_s * fast),
+            (("preemptions",), alone * p.preemptions_per_s_limit * fast)))
+        outliers = ({top} - {None}) | capped
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
             requests=requests, cost_requests=self._requests_in(slow, sketches=False),

@@ -17,7 +17,7 @@ their profile is (one capacity and one peak per replica).
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 SIBLING_FACTOR = 4.0   # the highest reading counts at most this many times the next highest ...
 SOLO_SHARE = 0.5       # ... or, if more, what alone takes its axis to this share of the pool's limit
@@ -36,3 +36,21 @@ def top_capped(values: Mapping[str, float], floor: float = 0.0,
         return out, None
     out[top] = cap
     return out, top
+
+
+def capped_sums(sums: Mapping[str, Mapping[str, float]], groups: Iterable[tuple[tuple[str, ...], float]]
+                ) -> tuple[dict[str, Mapping[str, float]], set[str]]:
+    """Per-replica counter sums with, for each group of counters read together (its names, its floor), the
+    replica whose group total is highest scaled down to ``top_capped``'s cap; and the replicas scaled. Every
+    replica with sums is compared, stale ones too: the axes add up all of them (a replica that jumped once and
+    went quiet would otherwise count in full for the rest of the window)."""
+    out = dict(sums)
+    scaled: set[str] = set()
+    for names, floor in groups:
+        totals = {replica: sum(out[replica].get(name, 0.0) for name in names) for replica in out}
+        capped, top = top_capped(totals, floor)
+        if top is not None:
+            scale = capped[top] / totals[top]
+            out[top] = {**out[top], **{name: out[top].get(name, 0.0) * scale for name in names}}
+            scaled.add(top)
+    return out, scaled

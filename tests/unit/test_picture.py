@@ -467,3 +467,28 @@ def test_a_liar_in_a_quiet_pool_cannot_read_a_queue_its_pool_never_drains():
     picture = state.snapshot(CONFIG)
     assert picture["replicas"]["outlier_ids"] == ["r9"]
     assert picture["axes"]["queue"]["pressure"] <= 0.5
+
+
+def test_a_replica_that_jumped_once_and_went_quiet_is_capped_while_its_counters_stay_in_the_window():
+    """The axes add up the counters of every replica with deltas in the fast window, stale ones too: a replica
+    whose counters leapt 10,000× for three seconds and then fell silent read as compute pressure 10 for the
+    rest of the window, past the cap on replicas reporting now (review, session 19)."""
+    config = replace(CONFIG, stale_after_s=3)
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second in range(90, 110):
+        builder.fold_sample(sample("r1", second, 4, 0.6, second - 90))
+        builder.fold_sample(sample("r2", second, 2, 0.6, second - 90))
+        if 100 <= second <= 103:
+            liar = sample("r9", second, 0, 0.6, (second - 90) * 10_000)
+            liar.prompt_tokens_total *= 10_000
+            liar.generation_tokens_total *= 10_000
+            builder.fold_sample(liar)
+        builder.fold_request(req(second, "completed", final=True, task_id=f"t{second}"))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        state.merge(partial, config)
+    picture = state.snapshot(config)
+    assert "r9" in picture["replicas"]["stale_ids"] and picture["replicas"]["outlier_ids"] == ["r9"]
+    # 150 tokens/s from each honest replica; r9 counts 4× the next (1,500 tokens over the window), above the
+    # floor (0.5 × 2 fresh replicas × 0.5 × 1000 tokens/s × 10 s)
+    assert picture["axes"]["compute"]["value"] == pytest.approx(150 + 150 + 600)
