@@ -15,7 +15,6 @@ import heapq
 import inspect
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -156,10 +155,28 @@ def _steady(fleet: Fleet, replicas: int, rate: float, client: ClientPolicy, dura
     return summarise(sim, sim.run(), duration_s)
 
 
-@lru_cache(maxsize=32)
+# capacity searches already made: (the fleet as the search reads it, replicas, client, traffic) → capacity
+_CAPACITIES: dict[tuple, Capacity] = {}
+
+
+def _search_key(fleet: Fleet, replicas: int, client: ClientPolicy, traffic: Traffic) -> tuple:
+    """The search reads the fleet's hardware, arrivals and seed only: fleets that differ in duration or size
+    share one search."""
+    return replace(fleet, replicas=Fleet.replicas, duration_s=Fleet.duration_s, drain_s=Fleet.drain_s), \
+        replicas, client, traffic
+
+
 def slo_capacity(fleet: Fleet, replicas: int, client: ClientPolicy = ClientPolicy(),
                  traffic: Traffic = Traffic()) -> Capacity:
     """Binary search for the highest steady task rate where every class keeps ≥ 99% TTFT attainment."""
+    key = _search_key(fleet, replicas, client, traffic)
+    if key not in _CAPACITIES:
+        _CAPACITIES[key] = _search(key)
+    return _CAPACITIES[key]
+
+
+def _search(key: tuple) -> Capacity:
+    fleet, replicas, client, traffic = key
     lo, hi = 0.5 * replicas, 8.0 * replicas
     best = _steady(fleet, replicas, lo, client, traffic=traffic)
     for _ in range(7):
@@ -300,24 +317,42 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
     return rows
 
 
+def _searches(scenario: Scenario, fleet: Fleet) -> set[tuple]:
+    """The capacity searches ``compare`` makes for the scenario: the operator's load test and the reference."""
+    alive = fleet.replicas - scenario.lost(fleet.replicas)
+    return {_search_key(fleet, n, ClientPolicy(), scenario.traffic) for n in (fleet.replicas, alive)}
+
+
+def _runs(scenario: Scenario) -> int:
+    """About how many pool-runs ``compare`` makes for the scenario (``controllers``, the calm run of a tenant
+    burst, both pools of two): the longest jobs go first."""
+    runs = 3 + 2 * (scenario.burst_tenant is not None) + (scenario.name in AFFINITY)
+    return runs * (2 if scenario.sibling_replicas else 1)
+
+
 def _compare_one(args: tuple) -> list[dict]:
-    names, fleet, settings = args
+    names, fleet, settings, capacities = args
+    _CAPACITIES.update(capacities)
     return compare(names, fleet, settings)
 
 
 def compare_seeds(names: tuple[str, ...], fleet: Fleet, seeds: range, settings: Settings | None = None,
                   processes: int | None = None) -> list[dict]:
-    """``compare`` under each seed, in as many processes as there are CPUs: one per seed (its capacity
-    searches are cached there), or per group of scenarios when there are fewer seeds than CPUs."""
+    """``compare`` under each seed, in as many processes as there are CPUs: first the distinct capacity
+    searches, then one job per (seed, scenario), the longest first, so that no process waits on another's
+    share. The rows are the same as ``compare``'s in one process (a scenario's run depends on nothing else)."""
     import os
     from concurrent.futures import ProcessPoolExecutor
 
     cpus = processes or os.cpu_count() or 1
-    groups = max(1, min(len(names), cpus // max(1, len(seeds))))
-    chunks = [names[i::groups] for i in range(groups)]
-    jobs = [(chunk, replace(fleet, seed=seed), settings) for seed in seeds for chunk in chunks]
+    fleets = [replace(fleet, seed=seed) for seed in seeds]
+    wanted = sorted({key for f in fleets for name in names for key in _searches(SCENARIOS[name], f)} - set(_CAPACITIES),
+                    key=repr)
+    jobs = sorted(((name, f) for f in fleets for name in names), key=lambda job: -_runs(SCENARIOS[job[0]]))
     with ProcessPoolExecutor(cpus) as pool:
-        rows = [row for rows in pool.map(_compare_one, jobs) for row in rows]
+        _CAPACITIES.update(zip(wanted, pool.map(_search, wanted)))
+        results = pool.map(_compare_one, [((name,), f, settings, _CAPACITIES) for name, f in jobs])
+        rows = [row for found in results for row in found]
     order = {name: i for i, name in enumerate(names)}
     return sorted(rows, key=lambda r: (r["seed"], order[r["scenario"]]))
 
