@@ -14,11 +14,39 @@ import time
 import uuid
 from dataclasses import replace
 
+import hypothesis
 import pytest
 
 from pipeline.devstack.kafka import KafkaDevstack
 from pipeline.settings import Settings, load_settings
 from pipeline.worker_process import WorkerProcess
+from tests import prewarm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# no test is timed (speed is `sluice bench`'s): the unit tier shares the cores with the prewarm
+hypothesis.settings.register_profile("sluice", deadline=None)
+hypothesis.settings.load_profile("sluice")
+
+
+def _relative(item) -> str:
+    return os.path.relpath(str(item.path), ROOT)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that wait on a prewarm go last before the integration tier: it has longest to finish."""
+    waiting = [item for item in items if _relative(item) in prewarm.WAITERS]
+    rest = [item for item in items if _relative(item) not in prewarm.WAITERS]
+    at = next((n for n, item in enumerate(rest) if _relative(item).startswith("tests/integration/")), len(rest))
+    items[:] = rest[:at] + waiting + rest[at:]
+
+
+def pytest_collection_finish(session):
+    """The session's tests are known: start their slow preparation beside the unit tier (tests/prewarm.py)."""
+    prewarm.start_for({_relative(item) for item in session.items})
+
+
+def pytest_sessionfinish(session):
+    prewarm.stop_all()
 
 
 def free_port() -> int:

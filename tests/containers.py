@@ -26,6 +26,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from tests import prewarm
+
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +56,10 @@ def image(name: str) -> str:
     ``SLUICE_<NAME>_IMAGE`` (e.g. ``SLUICE_WORKER_IMAGE=sluice/worker:0.1.0``) uses that image as it is
     instead: quicker while iterating, but it may not hold the working tree's code."""
     pinned = os.environ.get(build_images.ENV_NAMES[name], "")
-    return pinned or build_images.ensure(name)[name]
+    if pinned:
+        return pinned
+    prewarm.wait("images")
+    return build_images.ensure(name)[name]
 
 
 def images(*names: str) -> dict[str, str]:
