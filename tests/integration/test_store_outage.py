@@ -28,7 +28,7 @@ from tests.integration.kafka_helpers import group_lag
 
 pytestmark = pytest.mark.integration
 RATE = 10_000               # events/s, paced in real time (event time = wall time)
-BASELINE_S, OUTAGE_S = 30, int(os.environ.get("SLUICE_TEST_OUTAGE_S", "150"))
+BASELINE_S, OUTAGE_S = 30, int(os.environ.get("SLUICE_TEST_OUTAGE_S", "120"))
 # picture lag and decision latency p99 (event time stamped when sent) during the outage: no worse than the
 # same traffic with the store up, measured in the same run (the producer saturates the 2 cores too), and
 # well inside the signal's validity
