@@ -23,7 +23,8 @@ from pipeline.worker_process import WorkerProcess
 from tests import prewarm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# no test is timed (speed is `sluice bench`'s): the unit tier shares the cores with the prewarm
+# hypothesis's per-example deadline off: the unit tier shares the cores with the (niced) prewarm, and speed is
+# `sluice bench`'s to measure
 hypothesis.settings.register_profile("sluice", deadline=None)
 hypothesis.settings.load_profile("sluice")
 
@@ -33,16 +34,22 @@ def _relative(item) -> str:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that wait on a prewarm go last before the integration tier: it has longest to finish."""
-    waiting = [item for item in items if _relative(item) in prewarm.WAITERS]
-    rest = [item for item in items if _relative(item) not in prewarm.WAITERS]
-    at = next((n for n, item in enumerate(rest) if _relative(item).startswith("tests/integration/")), len(rest))
-    items[:] = rest[:at] + waiting + rest[at:]
+    """The tests that wait on a prewarm: the scenario checks last before the integration tier (the comparison has
+    longest to finish), the tests that use the images first in it (no timed test then shares the cores with
+    their build)."""
+    def order(item) -> int:
+        path = _relative(item)
+        if path.startswith("tests/integration/"):
+            return 2 if path in prewarm.IMAGE_USERS else 3
+        return 1 if path in prewarm.WAITERS else 0
+
+    items.sort(key=order)   # stable: the tiers' own order within each group
 
 
 def pytest_collection_finish(session):
     """The session's tests are known: start their slow preparation beside the unit tier (tests/prewarm.py)."""
-    prewarm.start_for({_relative(item) for item in session.items})
+    if not session.config.option.collectonly:
+        prewarm.start_for({_relative(item) for item in session.items})
 
 
 def pytest_sessionfinish(session):
