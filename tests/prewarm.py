@@ -34,6 +34,14 @@ _started: dict[str, tuple[subprocess.Popen, Path]] = {}
 _workdir: Path | None = None
 
 
+def _path(name: str) -> Path:
+    """A file in the session's prewarm directory, made on first use (most sessions start nothing)."""
+    global _workdir
+    if _workdir is None:
+        _workdir = Path(tempfile.mkdtemp(prefix="sluice-prewarm-"))
+    return _workdir / name
+
+
 def _start(name: str, argv: list[str], output: Path) -> None:
     """In its own session (stopped as a group) and niced: the tests in the foreground come first."""
     with open(output.with_suffix(".log"), "wb") as log:
@@ -43,10 +51,8 @@ def _start(name: str, argv: list[str], output: Path) -> None:
 
 def start_for(paths: set[str]) -> None:
     """Start what the collected tests (their files, relative to the repository) will wait on."""
-    global _workdir
-    _workdir = Path(tempfile.mkdtemp(prefix="sluice-prewarm-"))
     if SCENARIOS_TEST in paths:
-        out = _workdir / "scenarios.json"
+        out = _path("scenarios.json")
         _start("scenarios", [sys.executable, "-c", "import json, sys; from tests.unit.test_scenarios import "
                              "compute_rows; json.dump(compute_rows(), open(sys.argv[1], 'w'))", str(out)], out)
     if paths & set(IMAGE_USERS):
@@ -54,7 +60,7 @@ def start_for(paths: set[str]) -> None:
 
         if containers.engine_answers() and not any(os.environ.get(name)
                                                    for name in containers.build_images.ENV_NAMES.values()):
-            _start("images", [sys.executable, "deploy/docker/build_images.py", "all"], _workdir / "images")
+            _start("images", [sys.executable, "deploy/docker/build_images.py", "all"], _path("images"))
 
 
 def _finished(name: str) -> tuple[subprocess.Popen, Path] | None:
@@ -104,5 +110,7 @@ def stop_all() -> None:
         if process.poll() is None:
             _stop(process)
     _started.clear()
+    global _workdir
     if _workdir is not None:
         shutil.rmtree(_workdir, ignore_errors=True)
+        _workdir = None

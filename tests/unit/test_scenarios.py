@@ -3,7 +3,8 @@
 The goals (issue 13, ``pipeline.sim.goals``): SLO-goodput at least 2× no control and cost per
 SLO-successful task at most half of it wherever no control misses its SLO; at least the fixed threshold
 everywhere (1.1× where that baseline lets critical attainment fall below 99%); critical attainment at
-least 99%. Seed 1 here, all scenarios in two processes; every seed from 1 to 5 with
+least 99%. Seed 1 here, all scenarios across the CPUs (started beside the unit tier: tests/prewarm.py);
+every seed from 1 to 5 with
 ``sluice sim --seeds 1-5 --goals`` (docs/simulator.md has the table).
 
 Where a goal is not met yet the test pins what is met today (``SHORT_OF``), so a regression fails and the
