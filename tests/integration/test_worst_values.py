@@ -614,21 +614,29 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
 
 # 6 -----------------------------------------------------------------------------------------------------------
 
-LIE_FROM_S, LIE_TO_S = 10.0, 30.0   # when, in the live run's seconds, one replica reports an absurd queue
+LIE_FROM_S, LIE_TO_S = 10.0, 30.0   # when, in the live run's seconds, one replica lies (then is honest again)
+LEAP_FROM_S, QUIET_FROM_S = 16.0, 22.0   # its queue lie gives way to leaping counters, then it goes quiet
+LEAP_PER_SAMPLE = {"prompt_tokens_total": 20_000_000, "generation_tokens_total": 2_000_000,
+                   "preemptions_total": 5_000}   # per 0.5 s: inside the counter-jump bound for one GPU (1e8/s)
 
 
-def test_a_replica_reporting_an_absurd_queue_cannot_shed_its_pool(settings, worker_factory):
-    """A replica (a broken GPU agent or a hostile ``gpu-agent`` principal) reports the schema's largest
-    ``requests_waiting`` (1,000,000) for 20 s beside a fleet at 0.7× its SLO capacity.
+def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(settings, worker_factory):
+    """A replica (a broken GPU agent or a hostile ``gpu-agent`` principal) lies for 20 s beside a fleet at
+    0.7× its SLO capacity: first the schema's largest ``requests_waiting`` (1,000,000), then counters that
+    leap by 40M prompt tokens and 10,000 preemptions a second (well inside the schema and the counter-jump
+    bound), and then it goes quiet for 8 s (not yet stale, its last leaps still in the fast window), and comes
+    back honest with its counters restarted.
 
     Summed with its siblings' queues, that read as a pool at the queue axis's cap: the pool shed while its
     other replicas sat idle, and the serving capacity measured from completions followed the shedding down
     (this test used to assert both, and that they ended within a minute after the lie). Now the highest
-    replica counts at most 4× the next highest, or what alone takes the queue axis to half the pool's limit
-    (``replica_outliers``): the pictures name the liar, critical and standard work is never shed, sheddable
-    work is admitted in full again while the lie goes on (the step to half the limit briefly trims it), and
-    the serving capacity holds. Deferrable work stays partly deferred during the lie (half the limit, on top
-    of the fleet's own queue, is where the policy starts deferring it: measured, session 19)."""
+    replica counts at most 4× the next highest, or what alone takes the axis to half the pool's limit
+    (``replica_outliers``; the queue, and the token rate and preemptions over every replica with deltas in the
+    window): the pictures name the liar for each lie, the compute and KV axes stay below their limits,
+    critical and standard work is never shed, sheddable work is admitted in full again while the lies go on
+    (the step to half the limit briefly trims it), and the serving capacity holds. Deferrable work may stay
+    partly deferred during the lie (half the limit, on top of the fleet's own queue, is where the policy
+    starts deferring it: measured, session 19)."""
     from pipeline.sim.live import run_live
     from pipeline.sim.scenarios import POOL as SIM_POOL, SCENARIOS, Fleet, slo_capacity, sluice_settings
 
@@ -640,28 +648,38 @@ def test_a_replica_reporting_an_absurd_queue_cannot_shed_its_pool(settings, work
     seen: list[tuple[float, dict]] = []
     named: list[float] = []   # when a picture named the liar as an outlier
     capacities: list[tuple[float, float]] = []
+    axes: list[tuple[float, float, float]] = []   # (when, compute pressure, KV pressure) while the counters lie
 
     def watch(now, sim, pictures):
         clock["now"] = now
         signal = sim.controller.router.book.signals.get(SIM_POOL)
         if signal is not None:
             seen.append((now, dict(signal["admit_fraction"])))
-        if f"{SIM_POOL}-liar" in pictures.get(SIM_POOL, {}).get("replicas", {}).get("outlier_ids", []):
+        picture = pictures.get(SIM_POOL, {})
+        if f"{SIM_POOL}-liar" in picture.get("replicas", {}).get("outlier_ids", []):
             named.append(now)
+        if LEAP_FROM_S <= now < LIE_TO_S and "axes" in picture:
+            axes.append((now, picture["axes"]["compute"]["pressure"], picture["axes"]["kv_cache"]["pressure"]))
         if not capacities or now - capacities[-1][0] >= 1.0:
             capacities.append((now, metric(worker, "sluice_pool_serving_capacity_rps", pool=SIM_POOL)))
 
     async def liar(producer):
         topic = topics.REPLICAS.name(tuned)
+        counters = dict.fromkeys(LEAP_PER_SAMPLE, 0)
         while clock["now"] < LIE_TO_S + 5:
-            lying = LIE_FROM_S <= clock["now"] < LIE_TO_S
-            sample = replica_sample(event_time=now_ms(), replica_id=f"{SIM_POOL}-liar", pool=SIM_POOL,
-                                    hardware=fleet.hardware.name, gpu_count=fleet.hardware.gpu_count,
-                                    requests_running=0, requests_waiting=1_000_000 if lying else 0,
-                                    kv_cache_usage=0.3, preemptions_total=0, prompt_tokens_total=0,
-                                    generation_tokens_total=0, prefix_cache_hits_total=0,
-                                    prefix_cache_queries_total=0)
-            await (await producer.send(topic, orjson.dumps(sample), key=sample["replica_id"].encode()))
+            now = clock["now"]
+            if LEAP_FROM_S <= now < QUIET_FROM_S:
+                counters = {name: value + LEAP_PER_SAMPLE[name] for name, value in counters.items()}
+            elif now >= LIE_TO_S:
+                counters = dict.fromkeys(LEAP_PER_SAMPLE, 0)   # an agent restarted: counters from zero
+            if not QUIET_FROM_S <= now < LIE_TO_S:
+                sample = replica_sample(event_time=now_ms(), replica_id=f"{SIM_POOL}-liar", pool=SIM_POOL,
+                                        hardware=fleet.hardware.name, gpu_count=fleet.hardware.gpu_count,
+                                        requests_running=0,
+                                        requests_waiting=1_000_000 if LIE_FROM_S <= now < LEAP_FROM_S else 0,
+                                        kv_cache_usage=0.3, prefix_cache_hits_total=0,
+                                        prefix_cache_queries_total=0, **counters)
+                await (await producer.send(topic, orjson.dumps(sample), key=sample["replica_id"].encode()))
             await asyncio.sleep(0.5)   # the agent's sampling interval, not a synchronisation
 
     async def scenario():
@@ -679,7 +697,14 @@ def test_a_replica_reporting_an_absurd_queue_cannot_shed_its_pool(settings, work
     run(scenario())
     during_lie = [(t, a) for t, a in seen if LIE_FROM_S <= t <= LIE_TO_S]
     trail = [(round(t), a) for t, a in during_lie[::8]]
-    assert named and LIE_FROM_S <= min(named) <= LIE_FROM_S + 10, f"the pictures never named the liar: {named}"
+    assert named and LIE_FROM_S <= min(named) <= LIE_FROM_S + 5, f"the pictures never named the queue's liar: {named}"
+    counted = [t for t in named if LEAP_FROM_S + 2 <= t < LIE_TO_S]   # its queue reads 0 from LEAP_FROM_S on
+    assert counted and min(counted) <= LEAP_FROM_S + 5 and max(counted) >= QUIET_FROM_S + 3, \
+        f"the pictures did not name the counters' liar while it leapt and after it went quiet: {counted}"
+    highest = (max(c for _, c, _ in axes), max(k for _, _, k in axes))
+    # uncapped, the leaps read as hundreds of times the compute limit; capped, at most half the limit is added
+    # to the fleet's own rate (0.4-0.5 here), and the admission assertions below say what that costs
+    assert highest[0] < 1.2 and highest[1] < 1.0, f"the leaping counters took compute or KV pressure to {highest}"
     assert all(a["critical"] == a["standard"] == 1.0 for _, a in during_lie), f"the lie shed real work: {trail}"
     open_at = next((t for t, a in during_lie if t >= LIE_FROM_S + 5 and a["sheddable"] == 1.0), None)
     assert open_at is not None and all(a["sheddable"] == 1.0 for t, a in during_lie if t >= open_at + 5), \
@@ -689,6 +714,9 @@ def test_a_replica_reporting_an_absurd_queue_cannot_shed_its_pool(settings, work
     during = [c for t, c in capacities if LIE_FROM_S <= t and c > 0]   # 0: a scrape the worker did not answer
     assert min(during) >= 0.5 * profile, f"the lie drove the serving capacity down: {budgets}"
     lowest = {cls: min(a[cls] for _, a in during_lie) for cls in ("sheddable", "deferrable")}
-    print(f"\nabsurd queue for {LIE_TO_S - LIE_FROM_S:.0f} s on one replica: named an outlier {min(named) - LIE_FROM_S:.1f} s "
-          f"after it began; critical and standard never shed; lowest {lowest}, sheddable admitted in full again "
-          f"{open_at - LIE_FROM_S:.1f} s into the lie; serving capacity {profile:.1f} → {min(during):.1f} req/s at the least")
+    print(f"\na replica lying for {LIE_TO_S - LIE_FROM_S:.0f} s: named an outlier {min(named) - LIE_FROM_S:.1f} s "
+          f"into its queue lie and {min(counted) - LEAP_FROM_S:.1f}–{max(counted) - LEAP_FROM_S:.1f} s into its "
+          f"counters' (quiet from {QUIET_FROM_S - LEAP_FROM_S:.0f} s); compute / KV pressure at most "
+          f"{highest[0]:.2f} / {highest[1]:.2f}; critical and standard never shed; lowest {lowest}, sheddable "
+          f"admitted in full again {open_at - LIE_FROM_S:.1f} s into the lie; serving capacity "
+          f"{profile:.1f} → {min(during):.1f} req/s at the least")
