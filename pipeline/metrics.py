@@ -88,7 +88,7 @@ REREAD_INCOMPLETE = Counter("sluice_rebuild_reread_incomplete_total",
                             "the table and what was read).", registry=REGISTRY)
 PICTURE_LAG = Histogram("sluice_picture_lag_seconds",
                         "Newest folded event time to picture publication (wall clock), by pool.",
-                        buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30), registry=REGISTRY)
+                        buckets=(0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30), registry=REGISTRY)
 POOL_PRESSURE = Gauge("sluice_pool_pressure", "Pool pressure: the largest axis pressure (1.0 = at the limit).",
                       ["pool"], registry=REGISTRY)
 POOL_AXIS_PRESSURE = Gauge("sluice_pool_axis_pressure", "Axis value divided by its limit, by pool and axis.",
@@ -106,7 +106,7 @@ POOL_LATE_EVENTS = Gauge("sluice_pool_late_events", "Events left out of the pict
 
 DECISION_LATENCY = Histogram("sluice_decision_latency_seconds",
                              "Event time of a pool's newest input to its admission signal being published.",
-                             ["pool"], buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10), registry=REGISTRY)
+                             ["pool"], buckets=(0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10), registry=REGISTRY)
 ADMISSION_STATE = Gauge("sluice_admission_state", "1 for the pool's current admission state, 0 for the others.",
                         ["pool", "state"], registry=REGISTRY)
 ADMIT_FRACTION = Gauge("sluice_admit_fraction", "Share of new work admitted, by pool and priority class.",
