@@ -7,13 +7,13 @@ One that would not fit a Kafka message goes out in parts (``split``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from ..events import ReplicaSample, RequestEvent
-from .aggregates import ReplicaAgg, ReplicaLatest, ReplicaTracker, RequestAgg
+from .aggregates import IDENTIFIER, ReplicaAgg, ReplicaLatest, ReplicaTracker, RequestAgg
 
 
 @dataclass
@@ -38,8 +38,11 @@ class Partial:
         content stage 1 could not have written (pipeline/load/checks.py): refused whole, before any merge."""
         if not (isinstance(data["id"], str) and isinstance(data["pool"], str) and type(data["newest_ms"]) is int):
             raise ValueError("a partial's id and pool must be strings and its newest_ms an integer")
-        partial = cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"],
-                      models=set(data.get("models", ())),
+        models = data.get("models", [])
+        if not isinstance(models, list) or \
+                not all(type(m) is str and len(m) <= 128 and IDENTIFIER.match(m) for m in models):
+            raise ValueError("a partial's models must be model names as the contract allows them")
+        partial = cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], models=set(models),
                       requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
                       replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
         newest_s = partial.newest_ms // 1000  # a second past it would never leave the window, nor count
@@ -47,6 +50,20 @@ class Partial:
                 any(second > newest_s for replica in partial.replicas.values() for second in replica.seconds):
             raise ValueError("a partial holds a second after its newest_ms")
         return partial
+
+    def moved_back(self, seconds: int) -> "Partial":
+        """The same partial with every time ``seconds`` earlier: stage 2 puts a partial from a worker whose
+        clock runs ahead (within the skew it accepts) on its own clock, as stage 1 does with events. Taken as
+        stamped, it moved the pool's watermark ahead, so every other source's events read late and every
+        replica gone, and an overloaded pool read idle until the clocks met again."""
+        shift_ms = seconds * 1000
+        return Partial(self.id, self.pool,
+                       {second - seconds: agg for second, agg in self.requests.items()},
+                       {replica_id: ReplicaAgg(None if agg.latest is None else
+                                               replace(agg.latest, event_time=max(0, agg.latest.event_time - shift_ms)),
+                                               {second - seconds: deltas for second, deltas in agg.seconds.items()})
+                        for replica_id, agg in self.replicas.items()},
+                       max(0, self.newest_ms - shift_ms), set(self.models))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Partial":

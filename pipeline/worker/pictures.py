@@ -73,13 +73,30 @@ class Stage2:
         self.clock = time.time
         self.failing: dict[str, str] = {}  # pool → the error its last step raised
 
+    def _ahead_ms(self, partial: Partial) -> int:
+        """How far the partial's newest event or replica sample time is ahead of this worker's clock."""
+        newest = max((r.latest.event_time for r in partial.replicas.values() if r.latest is not None),
+                     default=partial.newest_ms)
+        return max(newest, partial.newest_ms) - int(self.clock() * 1000)
+
     def _ahead(self, partial: Partial) -> bool:
         """A partial newer than the clock allows (an older worker's, or a changelog poisoned before event
         times were bounded) would move the pool's watermark and make every real event late; a replica's
         latest sample from the future would keep a ghost replica fresh for ever."""
-        newest = max((r.latest.event_time for r in partial.replicas.values() if r.latest is not None),
-                     default=partial.newest_ms)
-        return max(newest, partial.newest_ms) > self.clock() * 1000 + self.max_ahead_ms
+        return self._ahead_ms(partial) > self.max_ahead_ms
+
+    def _on_clock(self, partial: Partial) -> Partial | None:
+        """The partial on this worker's clock, or None (logged and counted) if it is further ahead than the
+        skew allows. One ahead by a second or more (its worker's clock runs fast, within the skew) is moved
+        back to now (``Partial.moved_back``): merged as stamped, it moved its pool's watermark ahead, every
+        other source's events read late and every replica gone, and an overloaded pool read idle."""
+        if self._from_the_future(partial):
+            return None
+        ahead_ms = self._ahead_ms(partial)
+        if ahead_ms < 1000:
+            return partial
+        metrics.PARTIALS_MOVED_BACK.inc()
+        return partial.moved_back(-(-ahead_ms // 1000))
 
     def _from_the_future(self, partial: Partial) -> bool:
         """``_ahead``, logged and counted."""
@@ -98,7 +115,8 @@ class Stage2:
         """Called inside stream iteration, so table writes go to the partial's own partition.
         ``raw`` is the partial as received: it is what the changelog keeps, with when it was merged."""
         self._apply_queued(partial)
-        if self._from_the_future(partial):
+        partial = self._on_clock(partial)
+        if partial is None:
             return
         refused = self.loop.refused_pools
         evicted = self.loop.merge(partial)
@@ -156,7 +174,8 @@ class Stage2:
                     self._unwanted(pool, key)
                     continue
                 keys.add(key)
-                if not self._from_the_future(partial):
+                partial = self._on_clock(partial)
+                if partial is not None:
                     kept.append((key, partial))
                     if merged_ms is not None:
                         active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
@@ -167,6 +186,7 @@ class Stage2:
                     or self._ahead(partial):  # the stream logged and counted it when it met it
                 continue
             keys.add(key)
+            partial = self._on_clock(partial)
             kept.append((None, partial))
             active_ms[partial.pool] = max(broker_ms, active_ms.get(partial.pool, 0))
             found.append((key, partial, stored(raw, broker_ms)))

@@ -480,6 +480,46 @@ def test_a_live_partial_whose_replica_sample_is_from_the_future_is_refused(app):
     assert "llama-70b-a" not in app.stage2.loop.states, "refused whole, as a partial from the future"
 
 
+def test_a_partial_from_a_worker_whose_clock_runs_fast_is_merged_on_this_workers_clock(app):
+    """Stage 1 holds events to its own worker's clock, so a worker whose clock runs 44.5 s fast (inside
+    max_clock_skew_s) writes partials 44.5 s ahead. Merged as stamped (review, session 22), one moved the
+    pool's watermark ahead: at once every replica read gone and the pool idle (pressure 0.03 from 10, an
+    overloaded pool admitting everything), and every real event for 45 s was dropped as late. Now stage 2
+    moves it back to its own clock: the watermark stays, the replicas stay fresh, its events count, and the
+    real events after it are not late."""
+    from pipeline import metrics
+
+    now = int(app.stage2.clock() * 1000)
+    real = PartialBuilder("raw/0", 15)
+    for second in range(10):
+        real.fold_sample(ReplicaSample(**replica_sample(pool="llama-70b-a", replica_id="r1",
+                                                        event_time=now - 10_000 + second * 1000,
+                                                        requests_waiting=500)))
+    real.fold_request(RequestEvent(**request_event(task_id="real-1", request_id="real-1-r1", event_time=now)))
+    (first,) = real.drain("0-10")
+    fast = PartialBuilder("raw/1", 15)
+    for i in range(5):
+        event = RequestEvent(**request_event(task_id=f"fast-{i}", request_id=f"fast-{i}-r1",
+                                             event_time=now + 44_500))
+        fast.fold_request(event, not_after_ms=now + 44_500)
+    (ahead,) = fast.drain("0-4")
+    real.fold_request(RequestEvent(**request_event(task_id="real-2", request_id="real-2-r1",
+                                                   event_time=now + 200)))
+    (after,) = real.drain("11-11")
+    moved_before = metrics.PARTIALS_MOVED_BACK._value.get()
+    app.stage2.table = {}
+    for partial in (first, ahead, after):
+        app.stage2.merge(partial, partial.to_bytes())
+    state = app.stage2.loop.states["llama-70b-a"]
+    assert now <= state.watermark_ms <= now + 1_000, "the watermark stays on this worker's clock"
+    assert state.late_events == 0, "the real events after the fast worker's are not late"
+    assert state.partials_merged == 3
+    assert sum(agg.counts["events"] for agg in state.requests.values()) == 7, "the fast worker's events count"
+    snapshot = state.snapshot(app.stage2.loop.configs.for_pool("llama-70b-a"))
+    assert snapshot["replicas"]["fresh"] == 1, "the replica is not read gone"
+    assert metrics.PARTIALS_MOVED_BACK._value.get() == moved_before + 1
+
+
 def test_a_table_value_that_does_not_parse_costs_that_value_not_the_rebuild(app):
     """A changelog value that is garbage is left out (and queued for deletion) and the rest rebuilds:
     raising there would crash the worker at every rebalance, on every worker that took the partition."""
@@ -503,7 +543,9 @@ def test_a_table_value_that_does_not_parse_costs_that_value_not_the_rebuild(app)
 def test_garbage_on_the_partials_topic_costs_one_record_not_the_agent(app):
     pictures = next(a for a in app.agents.values() if a.name.endswith("pictures"))
     garbage = [b"not json", b"[]", b"null", b'{"id": 1}', b'{"id": "x", "pool": "p", "requests": {"a": 1}}',
-               b"\xff\xfe", b"{" * 10_000]
+               b"\xff\xfe", b"{" * 10_000,
+               orjson.dumps({**orjson.loads(partial_bytes("raw/9", 1, 1)), "models": [7]}),
+               orjson.dumps({**orjson.loads(partial_bytes("raw/9", 2, 1)), "models": None})]
 
     async def scenario():
         async with pictures.test_context() as agent:
