@@ -222,20 +222,20 @@ class PoolState:
         samples = {r: a.latest for r, a in self.replicas.items() if a.latest is not None}
         sums = {r: self._replica_sums(a, fast) for r, a in self.replicas.items()}
         # the queue (of the replicas reporting now), the token rate and the preemptions (of every replica with
-        # counters in the window), the highest of each counted at most a multiple of the next
-        # (replica_outliers): one replica cannot shed its pool alone
+        # counters in the window), the highest few of each counted at most a multiple of the rest
+        # (replica_outliers): a minority of replicas cannot shed its pool
         sampled = replicas.fresh + replicas.unhealthy
         p, alone = config.profile, SOLO_SHARE * max(len(replicas.fresh), 1)
         requests = self._requests_in(fast)
         # the queue axis reads waiting ÷ completions/s: its floor is in the pool's drain, not its capacity (a
         # quiet pool's liar read 10 with a capacity floor)
         drain_rps = requests.counts["completed"] / fast
-        waiting, top = top_capped({r: samples[r].requests_waiting for r in sampled},
+        waiting, lowered = top_capped({r: samples[r].requests_waiting for r in sampled},
                                   SOLO_SHARE * p.queue_wait_fraction * p.slo_ttft_s * drain_rps)
         sums, capped = capped_sums(sums, (
             (("prompt_tokens", "generation_tokens"), alone * p.compute_limit * p.peak_tokens_per_s * fast),
             (("preemptions",), alone * p.preemptions_per_s_limit * fast)))
-        outliers = ({top} - {None}) | capped
+        outliers = set(lowered) | capped
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
             requests=requests, cost_requests=self._requests_in(slow, sketches=False),
