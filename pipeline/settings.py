@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import tomllib
@@ -352,6 +353,8 @@ def _loopback(host: str) -> bool:
 
 def _check(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
+    if isinstance(value, float) and not math.isfinite(value):   # NaN passes every min and max test
+        raise SettingsError(f"setting {f.name}={value!r} must be a finite number")
     if "min" in meta and value < meta["min"]:
         raise SettingsError(f"setting {f.name}={value!r} is below its minimum {meta['min']}")
     if "max" in meta and value > meta["max"]:

@@ -51,11 +51,13 @@ wait (to 0: no early rejection) and retry-budget tightening at once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ..events import PRIORITIES
 from ..load.picture import pressure
+from .signing import MAX_VALIDITY_S
 from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest,
                             shared_level, tenant_rates, wanted_levels)
 
@@ -134,6 +136,7 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
             value = _tenant_weights(value)
         values[name] = tuple(value) if isinstance(value, list) else value
     cfg = replace(AdmissionConfig(), **values)
+    _check_numbers(cfg)
     switches = [f.name for f in fields(AdmissionConfig) if f.type == "bool"]
     wrong = [name for name in switches if not isinstance(getattr(cfg, name), bool)]
     if wrong:   # a string "false" would be truthy: a switch is true or false, nothing else
@@ -152,6 +155,31 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
         raise ValueError("admission_policy: default_tenant_weight in (0, 1e9), fair_share_tolerance and "
                          "fair_share_sigmas in [0, 1e9)")
     return cfg
+
+
+# upper bounds the signal's schema and the routers hold a knob to: past them every signal is refused
+KNOB_MAXIMA = {"validity_s": MAX_VALIDITY_S, "defer_min_s": 86_400.0, "retry_budget": 1.0, "max_redirects": 16,
+               "critical_floor": 1.0, "windup_utilisation": 1.0, "feed_forward_utilisation": 1.0}
+
+
+def _check_numbers(cfg: AdmissionConfig) -> None:
+    """Every numeric knob a finite number, none negative, and within what the signal carries. NaN (TOML
+    allows it) fails no ``<`` test: ``step_down = nan`` made the level NaN and a calm pool admitted nothing;
+    ``validity_s = 120`` made every router refuse every signal (admission off)."""
+    for f in fields(AdmissionConfig):
+        value = getattr(cfg, f.name)
+        if f.type not in ("float", "int", "tuple[float, float, float]"):
+            continue
+        for number in value if isinstance(value, tuple) else (value,):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
+                    or number < 0 or (f.type == "int" and not isinstance(number, int)):
+                raise ValueError(f"admission_policy: {f.name} must be a finite, non-negative "
+                                 f"{'integer' if f.type == 'int' else 'number'}, not {number!r}")
+            if number > KNOB_MAXIMA.get(f.name, math.inf):
+                raise ValueError(f"admission_policy: {f.name} = {number!r} is above its maximum "
+                                 f"{KNOB_MAXIMA[f.name]} (what routers and the signal's schema accept)")
+    if cfg.validity_s <= 0 or cfg.stale_after_s <= 0:
+        raise ValueError("admission_policy: validity_s and stale_after_s must be positive")
 
 
 def _tenant_weights(value: Any) -> tuple[tuple[str, float], ...]:

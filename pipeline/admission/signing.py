@@ -22,6 +22,7 @@ from typing import Mapping
 import orjson
 
 PLACEHOLDER = b"0" * 64
+MAX_VALIDITY_S = 60.0   # the longest a signal may be valid for: routers refuse a longer one (SignalBook)
 TAIL = re.compile(rb'"signature":"([0-9a-f]{64})"\}\Z')
 
 

@@ -161,16 +161,23 @@ def compute_axis(r: Readings) -> Axis:
         "generation_tokens_per_s": sum(sums[i]["generation_tokens"] for i in sums) / fast})
 
 
+FIRST_TOKEN_COVERAGE = 0.5   # first-token TTFTs per completion in the window, at least, to read TTFT from them
+
+
 def latency_axis(r: Readings) -> Axis:
     """The worse of p95 TTFT and p95 TPOT, each as a multiple of its SLO.
 
-    TTFT comes from first-token events where the router sends them (a first token is news a whole
+    TTFT comes from first-token events where the routers send them (a first token is news a whole
     generation earlier than its completion), else from completions; attempts that timed out before a
-    first token count at their duration (censored) in both."""
+    first token count at their duration (censored) in both. First tokens are read only while they number at
+    least half the completions (``FIRST_TOKEN_COVERAGE``): in a fleet where some routers send them and most
+    do not, one slow first token among hundreds of fast completions was the whole p95 and shed the pool."""
     p = r.profile
     q = quantiles(r.requests)
     first = r.requests.sketches.get("ttft_first")
-    from_first = first is not None and r.requests.counts["first_token_ttfts"]
+    c = r.requests.counts
+    from_first = first is not None and c["first_token_ttfts"] > 0 and \
+        c["first_token_ttfts"] >= FIRST_TOKEN_COVERAGE * c["completed"]
     ttft_p95 = first.quantile(0.95) if from_first else q["ttft"]["p95"]
     tpot_p95 = q["tpot"]["p95"]
     ttft_ratio = ttft_p95 / p.slo_ttft_s if ttft_p95 is not None else None

@@ -7,6 +7,7 @@ built-ins below can be overridden or extended with the ``profiles`` setting.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
@@ -55,8 +56,9 @@ def build_profiles(overrides: Mapping[str, Mapping[str, float]]) -> dict[str, Pr
         if unknown:
             raise ValueError(f"profile {name!r}: unknown limit(s) {sorted(unknown)}; known: {sorted(FIELDS)}")
         for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"profile {name!r}: {key} must be a positive number, got {value!r}")
+            # NaN fails no `<= 0` test: a kv_limit of NaN read an idle pool's KV axis at its cap
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"profile {name!r}: {key} must be a positive, finite number, got {value!r}")
         base = profiles.get(name, BUILTIN["balanced"])
         profiles[name] = replace(base, name=name, **{k: float(v) for k, v in values.items()})
     return profiles

@@ -11,7 +11,7 @@ pool is the wrong answer to both; the second is the routers' to route around.
 The highest ``k`` readings, for the largest ``k`` below half the pool whose lowest is more than
 ``SIBLING_FACTOR`` × the next reading, each count at most that multiple of it; so replicas that are new or idle
 (a scale-up, a quiet hour) never pull the busy ones down, and a majority is always read as it reports. Never
-below a floor shared by the group: together, what takes the axis to ``SOLO_SHARE`` of the pool's limit, since
+below a floor the group shares: together, what takes the axis to ``SOLO_SHARE`` of the pool's limit, since
 a queue on one replica or a few at a time is ordinary under moderate load (in the simulator's prompt-heavy
 spike, without the floor, a one-replica cap bit on a fifth of the ticks, nearly all with every other queue
 at 0). The price: half the pool lying together is not caught, and a real overload confined to a minority of
@@ -25,26 +25,40 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 SIBLING_FACTOR = 4.0   # a reading counts at most this many times the highest reading outside its group ...
-SOLO_SHARE = 0.5       # ... or, if more, its share of what takes its axis to this share of the pool's limit
+SOLO_SHARE = 0.5       # ... or, if more, the level at which the group together takes its axis to this share of the limit
 
 
 def top_capped(values: Mapping[str, float], floor: float = 0.0,
                factor: float = SIBLING_FACTOR) -> tuple[dict[str, float], tuple[str, ...]]:
     """``values`` with the outlying group capped: the top ``k`` (fewer than half, at least one of two or more),
-    for the largest ``k`` whose lowest is above ``factor`` × the next, each at most ``factor`` × that next or
-    ``floor`` ÷ ``k`` if more; and the replicas whose readings were lowered, sorted."""
+    for the largest ``k`` whose lowest is above ``factor`` × the next, each at most ``factor`` × that next or,
+    if more, the level at which the group together keeps ``floor``; and the replicas lowered, sorted."""
     out = dict(values)
     order = sorted(out, key=lambda replica: (out[replica], replica), reverse=True)
     for k in range(max(1, (len(order) - 1) // 2) if len(order) > 1 else 0, 0, -1):
         nearest = out[order[k]]
         if out[order[k - 1]] <= factor * nearest:
             continue
-        cap = max(floor / k, factor * nearest)
+        cap = max(factor * nearest, _floor_level([out[replica] for replica in order[:k]], floor))
         lowered = tuple(sorted(replica for replica in order[:k] if out[replica] > cap))
         for replica in lowered:
             out[replica] = cap
         return out, lowered
     return out, ()
+
+
+def _floor_level(group: list[float], floor: float) -> float:
+    """The level ``c`` at which the readings ``group`` (highest first) capped at ``c`` add up to ``floor``;
+    the highest reading if they add up to no more than that."""
+    if sum(group) <= floor:
+        return group[0]
+    below = sum(group)
+    for j, reading in enumerate(group, start=1):   # the top j at the level, the rest as they are
+        below -= reading
+        level = (floor - below) / j
+        if j == len(group) or level >= group[j]:
+            return level
+    return group[-1]
 
 
 def capped_sums(sums: Mapping[str, Mapping[str, float]], groups: Iterable[tuple[tuple[str, ...], float]]

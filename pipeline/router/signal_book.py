@@ -7,7 +7,7 @@ import json
 import time
 from typing import Callable, Mapping
 
-from ..admission.signing import SignatureError, verify
+from ..admission.signing import MAX_VALIDITY_S, SignatureError, verify
 from ..contract import SCHEMA_DIR, Invalid
 from ..events import validate
 
@@ -32,7 +32,7 @@ class SignalBook:
     """
 
     def __init__(self, keys: Mapping[str, bytes], clock: Callable[[], float] = time.time, max_skew_s: float = 30.0,
-                 max_validity_s: float = 60.0, max_pools: int = 1000) -> None:
+                 max_validity_s: float = MAX_VALIDITY_S, max_pools: int = 1000) -> None:
         self.keys = dict(keys)
         self.max_pools = max_pools
         self.clock = clock

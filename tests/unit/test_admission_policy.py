@@ -399,6 +399,42 @@ def test_capacity_knobs_must_be_positive(knob):
         config_from({knob: 0})
 
 
+@pytest.mark.parametrize("knob,value,message", [
+    ("validity_s", 120, "validity_s = 120 is above its maximum 60"),
+    ("defer_min_s", 1e6, "defer_min_s"),
+    ("retry_budget", 2, "retry_budget"),
+    ("max_redirects", 17, "max_redirects"),
+    ("max_redirects", 1.5, "max_redirects must be a finite, non-negative integer"),
+    ("step_down", float("nan"), "step_down must be a finite"),
+    ("gain", float("inf"), "gain must be a finite"),
+    ("level_step_up", -1, "level_step_up"),
+    ("enter", [0.8, 1.0, float("nan")], "enter must be a finite"),
+])
+def test_knobs_that_would_switch_admission_off_fail_at_start_up(knob, value, message):
+    """Found by review (session 22): ``validity_s = 120`` passed, and every router refused every signal as
+    valid too long (admission off); ``step_down = nan`` made a calm pool's level NaN, admitting nothing."""
+    from pipeline.admission.policy import config_from
+    from pipeline.settings import SettingsError, load_settings
+    from pipeline.worker.pictures import control_loop
+
+    with pytest.raises(ValueError, match=message):
+        config_from({knob: value})
+    with pytest.raises(SettingsError, match=knob):
+        control_loop(load_settings(env={}, dev_signing_key=True, admission_policy={knob: value}))
+
+
+def test_a_profile_limit_that_is_not_finite_fails_at_start_up():
+    from pipeline.load.profiles import build_profiles
+    from pipeline.settings import load_settings
+    from pipeline.worker.pictures import control_loop
+
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="kv_limit must be a positive, finite number"):
+            build_profiles({"x": {"kv_limit": value}})
+        with pytest.raises(ValueError, match="kv_limit"):
+            control_loop(load_settings(env={}, dev_signing_key=True, profiles={"x": {"kv_limit": value}}))
+
+
 def test_the_profiles_figure_of_a_pool_still_being_heard_from_is_not_a_measurement():
     """At a worker's start the first picture may have sampled two replicas of ten: the demand axis's limit is
     a fifth of the pool's. That figure was never measured, so the next picture's full limit applies at once

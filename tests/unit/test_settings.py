@@ -33,6 +33,8 @@ def test_kafka_bootstrap_servers_alias():
     ({"SLUICE_CONFIG": "/nonexistent/sluice.toml"}, "SLUICE_CONFIG"),
     ({"SLUICE_CUT_INTERVAL_S": "1.0"}, "cut_interval_s=1.0 is longer than tick_s"),
     ({"SLUICE_CUT_INTERVAL_S": "0.01"}, "cut_interval_s"),
+    ({"SLUICE_REPLICA_STALE_AFTER_S": "nan"}, "replica_stale_after_s=nan must be a finite number"),
+    ({"SLUICE_MAX_CLOCK_SKEW_S": "inf"}, "max_clock_skew_s=inf must be a finite number"),
 ])
 def test_bad_configuration_fails_loudly_naming_the_setting(env, message):
     with pytest.raises(SettingsError, match=message):
