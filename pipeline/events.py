@@ -155,7 +155,9 @@ def _parse(value: bytes) -> Any:
         message = str(exc)
         if "UTF-8" in message:
             raise Invalid("not_utf8", f"value is not valid UTF-8 ({message})") from None
-        if "infinity" in message or (b"NaN" in value or b"Infinity" in value) and "unexpected character" in message:
+        # the token where parsing stopped, not anywhere in the value: "NaN-1" as a task id is a string
+        at = exc.doc[exc.pos:exc.pos + 8] if isinstance(exc.doc, str) and isinstance(exc.pos, int) else ""
+        if "infinity" in message or at.startswith(("NaN", "Infinity")):
             raise Invalid("non_finite_number", f"NaN and Infinity are not JSON numbers ({message})") from None
         raise Invalid("malformed_json", message) from None
 

@@ -45,6 +45,9 @@ def bad_inputs(max_bytes: int) -> list[tuple[str, bytes | None, bytes | None]]:
         ("out_of_range", dumps(request_event(output_tokens=-3)), b"task-1"),
         ("non_finite_number", dumps(ok).replace(b'"ttft_s":0.3', b'"ttft_s":NaN'), b"task-1"),
         ("non_finite_number", dumps(ok).replace(b'"ttft_s":0.3', b'"ttft_s":Infinity'), b"task-1"),
+        # "NaN" in a string is no number: a missing value beside it is malformed JSON (it was read as NaN)
+        ("malformed_json", dumps(request_event(task_id="NaN-1")).replace(b'"ttft_s":0.3', b'"ttft_s":'),
+         b"task-1"),
         ("unknown_enum", dumps(request_event(phase="exploded")), b"task-1"),
         ("unknown_enum", dumps(request_event(priority="platinum")), b"task-1"),
         ("too_long", dumps(request_event(tenant="x" * 65)), b"task-1"),
