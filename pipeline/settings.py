@@ -132,6 +132,10 @@ class Settings:
         "larger blocks land faster when a backlog fills them: 20000 measured about 30% more events/s through "
         "the landing worker, and about 500 MiB more RSS with 6 partitions (docs/performance.md).",
         min=1, max=1_000_000))
+    sink_block_bytes: int = field(default=64 << 20, metadata=_doc(
+        "Bytes of source records a partition's block gathers at most before it lands, whatever its rows: "
+        "records up to the raw topics' limit (4 × `max_event_bytes`) are dead-lettered with their original "
+        "bytes, and 5,000 of them in one block would hold gigabytes.", min=1 << 20, max=1 << 30))
     sink_block_age_s: float = field(default=1.0, metadata=_doc(
         "Longest a block gathers rows before it lands, seconds: the bound on landing lag it adds "
         "(0 lands every fetched batch at once).", min=0, max=60))

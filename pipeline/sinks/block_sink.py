@@ -3,7 +3,7 @@
 It owns everything between a fetched batch and a durable row: the cursor
 that re-cuts a replayed block on its old boundaries, the recent event ids
 that drop producer retries, the open block of each source partition (rows
-gather until ``sink_block_rows`` or ``sink_block_age_s``: ClickHouse wants
+gather until ``sink_block_rows``, ``sink_block_bytes`` or ``sink_block_age_s``: ClickHouse wants
 thousands of rows a second per insert, not one insert per fetch), landing in
 offset order, hold-and-retry while the store is unavailable (``ClickHouseSink``),
 and the split that lands a refused block in halves, dead-lettering the rows the store refuses.
@@ -82,7 +82,8 @@ class BlockSink:
                     self._due.append(block)
                     continue
                 self.open_blocks[where] = open_block = block
-            if open_block.size >= self.settings.sink_block_rows:
+            if open_block.size >= self.settings.sink_block_rows or \
+                    open_block.source_bytes >= self.settings.sink_block_bytes:
                 self._due.append(self.open_blocks.pop(where))
 
     def flush(self, partitions: Iterable[Where] | None = None) -> asyncio.Task:

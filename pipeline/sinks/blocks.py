@@ -53,6 +53,7 @@ class BlockOutcome:
     sealed: bool = False      # the replayed last block: lands alone, on exactly its old boundaries
     offsets: array = field(default_factory=lambda: array("q"), repr=False)  # of the records it lands
     opened_at: float = 0.0    # monotonic time it started accumulating (set by the sink)
+    source_bytes: int = 0     # of the records it holds: what bounds its memory (oversize values are kept whole)
 
     def token(self, table: str) -> str:
         """Deterministic for the block, so a re-sent insert is dropped by the store. A block with holes
@@ -83,6 +84,7 @@ class BlockOutcome:
         for reason, n in later.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + n
         self.duplicates += later.duplicates
+        self.source_bytes += later.source_bytes
         if later.newest_event_ms > self.newest_event_ms:
             self.newest_event_ms = later.newest_event_ms
         if later.oldest_event_ms and (not self.oldest_event_ms or later.oldest_event_ms < self.oldest_event_ms):
@@ -156,7 +158,8 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
         sources=decoded.sources,
         dead_letter_rows=[dead_letter_row(letter, rec) for rec, _, letter in decoded.dead_letters],
         reasons=decoded.reasons, duplicates=decoded.duplicates, newest_event_ms=decoded.newest_event_ms,
-        oldest_event_ms=decoded.oldest_event_ms, offsets=array("q", [r.offset for r in records]))
+        oldest_event_ms=decoded.oldest_event_ms, offsets=array("q", [r.offset for r in records]),
+        source_bytes=sum(len(r.value or b"") + len(r.key or b"") for r in records))
 
 
 class PartitionCursor:

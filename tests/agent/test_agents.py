@@ -417,6 +417,29 @@ def test_rows_gather_per_partition_into_one_insert_of_thousands_not_one_per_fetc
     assert ("raw", 0) in open_blocks and open_blocks[("raw", 0)].start == 6
 
 
+def test_a_block_of_huge_records_lands_at_its_byte_bound_not_its_row_count(app):
+    """Review (session 22): blocks closed only at 5,000 rows or their age, and records up to the raw topics'
+    limit (4 MiB) are dead-lettered with their original bytes: 5,000 of them in one block would hold
+    gigabytes. A block now also lands once its source records reach ``sink_block_bytes``."""
+    from dataclasses import replace
+
+    app.landing.settings = replace(app.landing.settings, sink_block_rows=5000, sink_block_age_s=60,
+                                   sink_block_bytes=1 << 20, max_event_bytes=65536)
+    sink = use_sink(app, MemorySink())
+    huge = [Record("raw", 0, i, None, b"task-1", b"x" * 700_000) for i in range(3)]
+
+    async def scenario():
+        first = await (await app.landing.handle(RequestEvent, huge[:1]))
+        second = await (await app.landing.handle(RequestEvent, huge[1:]))
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first == {}, "under the bound the block gathers, as always"
+    assert second == {("raw", 0): 3}, "past it the block lands without waiting for rows or age"
+    assert [orjson.loads(r)["reason"] for r in sink.rows["dead_letters"]] == ["oversize"] * 3
+    assert ("raw", 0) not in app.landing.sink.open_blocks
+
+
 def test_an_event_from_2100_is_dead_lettered_by_both_paths_and_never_moves_a_watermark(app):
     import time as clock
 
