@@ -9,7 +9,9 @@ which the factor leaves room for). Replicas far above the rest are lying or over
 pool is the wrong answer to both; the second is the routers' to route around.
 
 The highest ``k`` readings, for the largest ``k`` below half the pool whose lowest is more than
-``SIBLING_FACTOR`` × the next reading, each count at most that multiple of it; so replicas that are new or idle
+``SIBLING_FACTOR`` × the next reading (and, for two or more, above the floor below on its own: queues of a few
+requests on a few replicas beside idle ones are ordinary, and a group cap first built without this bit on
+them), each count at most that multiple of it; so replicas that are new or idle
 (a scale-up, a quiet hour) never pull the busy ones down, and a majority is always read as it reports. Never
 below a floor the group shares: together, what takes the axis to ``SOLO_SHARE`` of the pool's limit, since
 a queue on one replica or a few at a time is ordinary under moderate load (in the simulator's prompt-heavy
@@ -31,14 +33,15 @@ SOLO_SHARE = 0.5       # ... or, if more, the level at which the group together 
 def top_capped(values: Mapping[str, float], floor: float = 0.0,
                factor: float = SIBLING_FACTOR) -> tuple[dict[str, float], tuple[str, ...]]:
     """``values`` with the outlying group capped: the top ``k`` (fewer than half, at least one of two or more),
-    for the largest ``k`` whose lowest is above ``factor`` × the next, each at most ``factor`` × that next or,
-    if more, the level at which the group together keeps ``floor``; and the replicas lowered, sorted."""
+    for the largest ``k`` whose lowest is above ``factor`` × the next (and, for ``k`` > 1, above ``floor``),
+    each at most ``factor`` × that next or, if more, the level at which the group together keeps ``floor``;
+    and the replicas lowered, sorted."""
     out = dict(values)
     order = sorted(out, key=lambda replica: (out[replica], replica), reverse=True)
     for k in range(max(1, (len(order) - 1) // 2) if len(order) > 1 else 0, 0, -1):
-        nearest = out[order[k]]
-        if out[order[k - 1]] <= factor * nearest:
-            continue
+        nearest, lowest = out[order[k]], out[order[k - 1]]
+        if lowest <= factor * nearest or (k > 1 and lowest <= floor):
+            continue   # no step; or a group whose members are each within the floor (queues on a few replicas)
         cap = max(factor * nearest, _floor_level([out[replica] for replica in order[:k]], floor))
         lowered = tuple(sorted(replica for replica in order[:k] if out[replica] > cap))
         for replica in lowered:

@@ -24,8 +24,13 @@ def test_a_few_replicas_lying_together_are_capped_together_and_share_the_floor()
     two = {**honest, "bad1": 1e6, "bad2": 5e5}
     assert top_capped(two) == ({**honest, "bad1": 40.0, "bad2": 40.0}, ("bad1", "bad2"))
     assert top_capped(two, floor=100) == ({**honest, "bad1": 50.0, "bad2": 50.0}, ("bad1", "bad2"))
-    assert top_capped({**honest, "bad1": 1e6, "bad2": 50.0}, floor=150) == \
-        ({**honest, "bad1": 100.0, "bad2": 50.0}, ("bad1",)), "the group keeps the floor together"
+    idle = {f"r{i}": 0.0 for i in range(6)}
+    few = {**idle, "q1": 4.0, "q2": 3.0, "q3": 2.0, "q4": 1.0}
+    assert top_capped(few, floor=8.65) == (few, ()), \
+        "queues on a few replicas beside idle ones, each within the floor, are ordinary: read in full"
+    assert top_capped({**idle, "bad1": 1e6, "bad2": 9.0}, floor=8.65) == \
+        ({**idle, "bad1": 4.325, "bad2": 4.325}, ("bad1", "bad2")), \
+        "two readings each past the floor are capped together, and together keep it"
     three = {**two, "bad3": 1e3}
     assert top_capped(three) == ({**honest, "bad1": 40.0, "bad2": 40.0, "bad3": 40.0}, ("bad1", "bad2", "bad3"))
     assert top_capped({**honest, "r9": 1e6, "r8": 50.0})[1] == ("r8", "r9"), \
