@@ -74,9 +74,10 @@ class ControlLoop:
         self.active_ms: dict[str, int] = {}  # when (the caller's clock) each pool last merged a partial
         self.merged: set[str] = set()        # pools that merged a partial since the last step
 
-    def merge(self, partial: Partial) -> list[str] | None:
+    def merge(self, partial: Partial, now_ms: int | None = None) -> list[str] | None:
         """Fold a partial into its pool; the partial ids that left the window, or None for a duplicate
-        or for a new pool beyond ``max_pools`` (counted in ``refused_pools``)."""
+        or for a new pool beyond ``max_pools`` (counted in ``refused_pools``). ``now_ms``, the caller's clock,
+        bounds how far it moves the pool's watermark (``PoolState.merge``)."""
         state = self.states.get(partial.pool)
         if state is None:
             if len(self.states) >= self.max_pools:
@@ -84,7 +85,7 @@ class ControlLoop:
                 return None
             state = self.states[partial.pool] = PoolState(partial.pool)
         refused = state.replicas_refused
-        if not state.merge(partial, self.configs.for_pool(partial.pool)):
+        if not state.merge(partial, self.configs.for_pool(partial.pool), now_ms):
             return None
         self.refused_replicas += state.replicas_refused - refused
         self.changed.add(partial.pool)
@@ -104,7 +105,7 @@ class ControlLoop:
         for partial in sorted(partials, key=lambda p: p.newest_ms):
             if partial.pool not in idle:
                 try:
-                    self.merge(partial)
+                    self.merge(partial, now_ms)
                 except Exception:  # one partial costs itself, never the rebuild (a crash loop on every owner)
                     self.unmergeable.add(partial.id)
         self.changed = set(self.states)

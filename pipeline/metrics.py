@@ -77,9 +77,10 @@ POOLS_FORGOTTEN = Counter("sluice_pools_forgotten_total", "Pools forgotten after
                           registry=REGISTRY)
 PARTIALS_REFUSED = Counter("sluice_partials_refused_total",
                            "Partials stage 2 ignored because their events are ahead of its clock.", registry=REGISTRY)
-PARTIALS_MOVED_BACK = Counter("sluice_partials_moved_back_total",
-                              "Partials stage 2 merged with their times moved back to its clock: their worker's "
-                              "clock runs ahead (within max_clock_skew_s).", registry=REGISTRY)
+PARTIALS_AHEAD = Counter("sluice_partials_ahead_of_clock_total",
+                         "Partials stage 2 merged with times over a second ahead of its clock (their worker's "
+                         "clock runs fast, within max_clock_skew_s): the pool's watermark is held at the clock.",
+                         registry=REGISTRY)
 PARTIALS_DUPLICATE = Counter("sluice_partials_duplicate_total",
                              "Redelivered partials stage 2 recognised by id and skipped.", registry=REGISTRY)
 PARTIALS_REREAD = Counter("sluice_partials_reread_total",

@@ -354,18 +354,13 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
     return dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
 
 
-def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig,
-               now_ms: int) -> list[dict]:
+def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
     """Siblings with headroom, weighted by it; ``cold_prefill_cost_s`` is a moved request's whole prefill there
-    (routers compare it with the TTFT SLO). A sibling whose picture was last published more than
-    ``stale_after_s`` ago is no target: its controller or its feed has stopped, and its last picture (kept
-    until the pool is forgotten, ten minutes) showed headroom that may be long gone."""
+    (routers compare it with the TTFT SLO)."""
     candidates = []
     for sib in siblings:
         headroom = cfg.redirect_headroom_below - admission_pressure(sib, cfg)
-        published = sib.get("published_at_ms")   # absent from pictures of workers before it was published
-        current = published is None or now_ms - published <= cfg.stale_after_s * 1000
-        if sib["pool"] != picture["pool"] and headroom > 0 and sib["replicas"]["fresh"] > 0 and current:
+        if sib["pool"] != picture["pool"] and headroom > 0 and sib["replicas"]["fresh"] > 0:
             candidates.append((headroom, sib))
     candidates.sort(key=lambda c: -c[0])
     candidates = candidates[: cfg.max_redirects]
@@ -498,7 +493,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         "continuing_task_admit_fraction": continuing,
         "max_predicted_wait_s": round(min(predicted_wait, 86400.0), 6),
         "retry_budget": round(retry_budget, 6),
-        "redirect": _redirects(picture, siblings, cfg, now_ms) if level > 0 and not stale else [],
+        "redirect": _redirects(picture, siblings, cfg) if level > 0 and not stale else [],
         "defer": {"classes": deferred, "retry_after_s": round(defer_after, 3)},
         "reasons": reasons[:32],
     }

@@ -7,7 +7,7 @@ One that would not fit a Kafka message goes out in parts (``split``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -50,20 +50,6 @@ class Partial:
                 any(second > newest_s for replica in partial.replicas.values() for second in replica.seconds):
             raise ValueError("a partial holds a second after its newest_ms")
         return partial
-
-    def moved_back(self, seconds: int) -> "Partial":
-        """The same partial with every time ``seconds`` earlier: stage 2 puts a partial from a worker whose
-        clock runs ahead (within the skew it accepts) on its own clock, as stage 1 does with events. Taken as
-        stamped, it moved the pool's watermark ahead, so every other source's events read late and every
-        replica gone, and an overloaded pool read idle until the clocks met again."""
-        shift_ms = seconds * 1000
-        return Partial(self.id, self.pool,
-                       {second - seconds: agg for second, agg in self.requests.items()},
-                       {replica_id: ReplicaAgg(None if agg.latest is None else
-                                               replace(agg.latest, event_time=max(0, agg.latest.event_time - shift_ms)),
-                                               {second - seconds: deltas for second, deltas in agg.seconds.items()})
-                        for replica_id, agg in self.replicas.items()},
-                       max(0, self.newest_ms - shift_ms), set(self.models))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Partial":

@@ -73,8 +73,12 @@ class PoolState:
 
     # -- merging -------------------------------------------------------------------------------------
 
-    def merge(self, partial: Partial, config: PictureConfig) -> bool:
-        """Fold a partial in; False (and nothing changes) when its id was merged before."""
+    def merge(self, partial: Partial, config: PictureConfig, not_after_ms: int | None = None) -> bool:
+        """Fold a partial in; False (and nothing changes) when its id was merged before. ``not_after_ms`` (the
+        merging worker's clock) bounds how far the partial may move the watermark: one from a worker whose
+        clock runs fast (within the skew stage 2 accepts) moved it ahead, so every other source's events read
+        late and every replica gone, and an overloaded pool read idle. Its own seconds ahead of the clock
+        are kept and count once the watermark reaches them."""
         if partial.id in self.seen:
             self.duplicate_partials += 1
             return False
@@ -85,8 +89,9 @@ class PoolState:
             if model not in self.models and len(self.models) < MAX_MODELS:
                 self.models.append(model)
         closed_before = self._closed_before(config)
-        if partial.newest_ms > self.watermark_ms:
-            self.watermark_ms = partial.newest_ms
+        newest = partial.newest_ms if not_after_ms is None else min(partial.newest_ms, not_after_ms)
+        if newest > self.watermark_ms:
+            self.watermark_ms = newest
         for second, agg in partial.requests.items():
             if second < closed_before:
                 self.late_events += agg.counts["events"]
@@ -222,20 +227,20 @@ class PoolState:
         samples = {r: a.latest for r, a in self.replicas.items() if a.latest is not None}
         sums = {r: self._replica_sums(a, fast) for r, a in self.replicas.items()}
         # the queue (of the replicas reporting now), the token rate and the preemptions (of every replica with
-        # counters in the window), the highest few of each counted at most a multiple of the rest
-        # (replica_outliers): a minority of replicas cannot shed its pool
+        # counters in the window), the highest of each counted at most a multiple of the next
+        # (replica_outliers): one replica cannot shed its pool alone
         sampled = replicas.fresh + replicas.unhealthy
         p, alone = config.profile, SOLO_SHARE * max(len(replicas.fresh), 1)
         requests = self._requests_in(fast)
         # the queue axis reads waiting ÷ completions/s: its floor is in the pool's drain, not its capacity (a
         # quiet pool's liar read 10 with a capacity floor)
         drain_rps = requests.counts["completed"] / fast
-        waiting, lowered = top_capped({r: samples[r].requests_waiting for r in sampled},
+        waiting, top = top_capped({r: samples[r].requests_waiting for r in sampled},
                                   SOLO_SHARE * p.queue_wait_fraction * p.slo_ttft_s * drain_rps)
         sums, capped = capped_sums(sums, (
             (("prompt_tokens", "generation_tokens"), alone * p.compute_limit * p.peak_tokens_per_s * fast),
             (("preemptions",), alone * p.preemptions_per_s_limit * fast)))
-        outliers = set(lowered) | capped
+        outliers = ({top} - {None}) | capped
         return Readings(
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
             requests=requests, cost_requests=self._requests_in(slow, sketches=False),

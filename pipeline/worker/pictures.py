@@ -85,19 +85,6 @@ class Stage2:
         latest sample from the future would keep a ghost replica fresh for ever."""
         return self._ahead_ms(partial) > self.max_ahead_ms
 
-    def _on_clock(self, partial: Partial) -> Partial | None:
-        """The partial on this worker's clock, or None (logged and counted) if it is further ahead than the
-        skew allows. One ahead by a second or more (its worker's clock runs fast, within the skew) is moved
-        back to now (``Partial.moved_back``): merged as stamped, it moved its pool's watermark ahead, every
-        other source's events read late and every replica gone, and an overloaded pool read idle."""
-        if self._from_the_future(partial):
-            return None
-        ahead_ms = self._ahead_ms(partial)
-        if ahead_ms < 1000:
-            return partial
-        metrics.PARTIALS_MOVED_BACK.inc()
-        return partial.moved_back(-(-ahead_ms // 1000))
-
     def _from_the_future(self, partial: Partial) -> bool:
         """``_ahead``, logged and counted."""
         if not self._ahead(partial):
@@ -115,11 +102,12 @@ class Stage2:
         """Called inside stream iteration, so table writes go to the partial's own partition.
         ``raw`` is the partial as received: it is what the changelog keeps, with when it was merged."""
         self._apply_queued(partial)
-        partial = self._on_clock(partial)
-        if partial is None:
+        if self._from_the_future(partial):
             return
+        if self._ahead_ms(partial) > 1000:   # a second: not the jitter between one machine's clock reads
+            metrics.PARTIALS_AHEAD.inc()
         refused = self.loop.refused_pools
-        evicted = self.loop.merge(partial)
+        evicted = self.loop.merge(partial, int(self.clock() * 1000))
         if evicted is None:
             if self.loop.refused_pools > refused:
                 metrics.POOLS_REFUSED.inc()
@@ -174,8 +162,7 @@ class Stage2:
                     self._unwanted(pool, key)
                     continue
                 keys.add(key)
-                partial = self._on_clock(partial)
-                if partial is not None:
+                if not self._from_the_future(partial):
                     kept.append((key, partial))
                     if merged_ms is not None:
                         active_ms[partial.pool] = max(merged_ms, active_ms.get(partial.pool, 0))
@@ -186,7 +173,6 @@ class Stage2:
                     or self._ahead(partial):  # the stream logged and counted it when it met it
                 continue
             keys.add(key)
-            partial = self._on_clock(partial)
             kept.append((None, partial))
             active_ms[partial.pool] = max(broker_ms, active_ms.get(partial.pool, 0))
             found.append((key, partial, stored(raw, broker_ms)))

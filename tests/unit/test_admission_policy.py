@@ -158,20 +158,6 @@ def test_redirects_go_to_siblings_with_headroom_weighted_by_it():
     assert redirect["a"]["cold_prefill_cost_s"] == pytest.approx((10_000 / 10) / (40_000 / 4))
 
 
-def test_a_sibling_whose_picture_stopped_is_no_redirect_target():
-    """Review (session 22): a sibling's last picture is kept until the pool is forgotten (ten minutes); one
-    595 s old, showing four fresh replicas and headroom, took every move an overloaded pool offered."""
-    hot = picture(watermark=TICK, demand=1.5)
-    now = TICK + 600_000
-    gone = picture("b", demand=0.2) | {"published_at_ms": now - 595_000}
-    live = picture("a", demand=0.6) | {"published_at_ms": now - 1_000}
-    d = decide(hot | {"watermark_ms": now}, Decision("p"), CFG, now, siblings=[gone, live])
-    assert [r["pool"] for r in d.signal["redirect"]] == ["a"]
-    recent = decide(hot | {"watermark_ms": now}, Decision("p"), CFG, now,
-                    siblings=[gone | {"published_at_ms": now - int(CFG.stale_after_s * 1000)}])
-    assert [r["pool"] for r in recent.signal["redirect"]] == ["b"], "within stale_after_s it is current"
-
-
 @pytest.mark.parametrize("cache,loss", [
     ({"cached_input_share": 0.75, "prefix_hit_rate": 0.1}, 0.75),   # the requests' own figure first
     ({"cached_input_share": None, "prefix_hit_rate": 0.4}, 0.4),     # else the replicas' hit rate
