@@ -158,8 +158,9 @@ def config_from(overrides: Mapping[str, Any]) -> AdmissionConfig:
 
 
 # upper bounds the signal's schema and the routers hold a knob to: past them every signal is refused
+# (critical_floor's range is checked with the steps in config_from)
 KNOB_MAXIMA = {"validity_s": MAX_VALIDITY_S, "defer_min_s": 86_400.0, "retry_budget": 1.0, "max_redirects": 16,
-               "critical_floor": 1.0, "windup_utilisation": 1.0, "feed_forward_utilisation": 1.0}
+               "windup_utilisation": 1.0, "feed_forward_utilisation": 1.0}
 
 
 def _check_numbers(cfg: AdmissionConfig) -> None:
