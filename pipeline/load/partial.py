@@ -14,6 +14,8 @@ import orjson
 
 from ..events import ReplicaSample, RequestEvent
 from .aggregates import IDENTIFIER, ReplicaAgg, ReplicaLatest, ReplicaTracker, RequestAgg
+from .checks import count
+from .model_share import MAX_MODEL_NAME, count_model, read_counts
 
 
 @dataclass
@@ -23,11 +25,14 @@ class Partial:
     requests: dict[int, RequestAgg] = field(default_factory=dict)
     replicas: dict[str, ReplicaAgg] = field(default_factory=dict)
     newest_ms: int = 0
-    models: set[str] = field(default_factory=set)
+    model_events: dict[str, int] = field(default_factory=dict)   # events per model (model_share.py)
+    model_total: int = 0   # request events folded: more than ``model_events`` adds up to once names are dropped
 
     def to_bytes(self) -> bytes:
+        # "models" too: a worker from before the counts reads that list (and ignores the counts)
         return orjson.dumps({
-            "id": self.id, "pool": self.pool, "newest_ms": self.newest_ms, "models": sorted(self.models),
+            "id": self.id, "pool": self.pool, "newest_ms": self.newest_ms, "models": sorted(self.model_events),
+            "model_events": self.model_events, "model_total": self.model_total,
             "requests": {str(k): v.to_dict() for k, v in self.requests.items()},
             "replicas": {k: v.to_dict() for k, v in self.replicas.items()},
         })
@@ -40,9 +45,17 @@ class Partial:
             raise ValueError("a partial's id and pool must be strings and its newest_ms an integer")
         models = data.get("models", [])
         if not isinstance(models, list) or \
-                not all(type(m) is str and len(m) <= 128 and IDENTIFIER.match(m) for m in models):
+                not all(type(m) is str and len(m) <= MAX_MODEL_NAME and IDENTIFIER.match(m) for m in models):
             raise ValueError("a partial's models must be model names as the contract allows them")
-        partial = cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], models=set(models),
+        # a worker from before the counts wrote the list alone: one event for each model it names
+        model_events = read_counts(data["model_events"]) if "model_events" in data else dict.fromkeys(models, 1)
+        model_total = sum(model_events.values())
+        if "model_total" in data:
+            model_total = count(data["model_total"], "model_total")
+            if model_total < sum(model_events.values()):
+                raise ValueError("a partial's model_total is less than its model counts add up to")
+        partial = cls(id=data["id"], pool=data["pool"], newest_ms=data["newest_ms"], model_events=model_events,
+                      model_total=model_total,
                       requests={int(k): RequestAgg.from_dict(v) for k, v in data["requests"].items()},
                       replicas={k: ReplicaAgg.from_dict(v) for k, v in data["replicas"].items()})
         newest_s = partial.newest_ms // 1000  # a second past it would never leave the window, nor count
@@ -85,7 +98,13 @@ class PartialBuilder:
         if agg is None:
             agg = partial.requests[second] = RequestAgg()
         agg.fold(e)
-        partial.models.add(e.model)
+        partial.model_total += 1
+        counts = partial.model_events
+        n = counts.get(e.model)
+        if n is None:
+            count_model(counts, e.model)
+        else:   # the usual case, kept out of a call on the hot path
+            counts[e.model] = n + 1
         if e.event_time > partial.newest_ms:
             partial.newest_ms = e.event_time
         return ahead
@@ -142,7 +161,7 @@ def split(partial: Partial, max_bytes: int) -> list[Partial]:
     for replica in partial.replicas.values():
         for second, deltas in replica.seconds.items():
             sizes[second] = sizes.get(second, 0) + _entry_bytes(second, deltas)
-    frame = len(_part(partial, f"{partial.id}{PART_SEP}{1 << 32}", [], partial.newest_ms).to_bytes())
+    frame = len(_part(partial, f"{partial.id}{PART_SEP}{1 << 32}", [], partial.newest_ms, True).to_bytes())
     groups: list[list[int]] = [[]]
     used = frame
     for second in sorted(sizes):
@@ -153,7 +172,7 @@ def split(partial: Partial, max_bytes: int) -> list[Partial]:
         used += sizes[second]
     last = len(groups) - 1
     return [_part(partial, partial.id if k == 0 else f"{partial.id}{PART_SEP}{k}", seconds,
-                  partial.newest_ms if k == last else min(partial.newest_ms, seconds[-1] * 1000 + 999))
+                  partial.newest_ms if k == last else min(partial.newest_ms, seconds[-1] * 1000 + 999), k == last)
             for k, seconds in enumerate(groups)]
 
 
@@ -162,10 +181,14 @@ def _entry_bytes(second: int, value: dict[str, Any]) -> int:
     return len(str(second)) + 4 + len(orjson.dumps(value))
 
 
-def _part(partial: Partial, part_id: str, seconds: list[int], newest_ms: int) -> Partial:
-    """The part of ``partial`` holding ``seconds`` (sorted), with every replica's newest sample."""
+def _part(partial: Partial, part_id: str, seconds: list[int], newest_ms: int, with_models: bool) -> Partial:
+    """The part of ``partial`` holding ``seconds`` (sorted), with every replica's newest sample; the model
+    counts go ``with_models`` (the last part) only, or a split partial would count its events once per part;
+    the last, as it stays in stage 2's window longest."""
     first, last = (seconds[0], seconds[-1]) if seconds else (0, -1)
     requests = {s: partial.requests[s] for s in seconds if s in partial.requests}
     replicas = {rid: ReplicaAgg(agg.latest, {s: agg.seconds[s] for s in sorted(agg.seconds) if first <= s <= last})
                 for rid, agg in partial.replicas.items()}
-    return Partial(part_id, partial.pool, requests, replicas, newest_ms, partial.models)
+    if not with_models:
+        return Partial(part_id, partial.pool, requests, replicas, newest_ms)
+    return Partial(part_id, partial.pool, requests, replicas, newest_ms, partial.model_events, partial.model_total)

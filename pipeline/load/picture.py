@@ -30,6 +30,7 @@ import orjson
 from ..events import PRIORITIES
 from .aggregates import IDENTIFIER, OTHER_TENANTS, REPLICA_SUMS, ReplicaAgg, RequestAgg
 from .cache_share import cache_share
+from .model_share import MAX_MODEL_NAME, MAX_MODELS, ModelShares
 from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
 from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
 from .partial import Partial
@@ -38,7 +39,6 @@ from .replica_outliers import SOLO_SHARE, capped_sums, top_capped
 
 __all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
 
-MAX_MODELS = 16  # models remembered per pool (for finding sibling pools), bounded against bad data
 MAX_REPLICAS = 1024  # replicas tracked per pool: invented or churning replica ids cannot grow a pool's state
 
 
@@ -67,7 +67,7 @@ class PoolState:
         self.duplicate_partials = 0
         self.replicas_refused = 0  # replica entries of partials refused at max_replicas
         self.evicted: list[str] = []  # partial ids that left the window in the last merge
-        self.models: list[str] = []
+        self.models = ModelShares()  # which models the pool serves: a sibling's evidence for redirects
         self._kept_from: int | None = None  # the window's first second at the last eviction
         self._by_newest: list[tuple[int, str]] = []  # heap of (newest_ms, partial id) over ``seen``
 
@@ -85,9 +85,7 @@ class PoolState:
         self.seen[partial.id] = partial.newest_ms
         heapq.heappush(self._by_newest, (partial.newest_ms, partial.id))
         self.partials_merged += 1
-        for model in partial.models:
-            if model not in self.models and len(self.models) < MAX_MODELS:
-                self.models.append(model)
+        self.models.add(partial.model_events, partial.model_total)
         closed_before = self._closed_before(config)
         newest = partial.newest_ms if not_after_ms is None else min(partial.newest_ms, not_after_ms)
         if newest > self.watermark_ms:
@@ -256,7 +254,7 @@ class PoolState:
                  "goodput_tasks_per_s": r.cost_requests.counts["task_successes"] / r.cost_s,
                  "completed_rps": c["completed"] / fast}
         return LoadPicture(
-            pool=self.pool, profile=config.profile.name, models=tuple(sorted(self.models)),
+            pool=self.pool, profile=config.profile.name, models=self.models.listed(),
             watermark_ms=self.watermark_ms, fast_window_s=fast, cost_window_s=r.cost_s,
             axes={name: axis(r) for name, axis in AXIS_FUNCTIONS.items()}, replicas=r.replicas, rates=rates,
             latency_s=quantiles(r.requests), late_events=self.late_events,
@@ -271,7 +269,7 @@ class PoolState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "watermark_ms": self.watermark_ms, "late_events": self.late_events,
-                "models": self.models, "replicas_refused": self.replicas_refused,
+                **self.models.to_dict(), "replicas_refused": self.replicas_refused,
                 "partials_merged": self.partials_merged, "duplicate_partials": self.duplicate_partials,
                 "seen": self.seen, "requests": {str(k): v.to_dict() for k, v in self.requests.items()},
                 "replicas": {k: v.to_dict() for k, v in self.replicas.items()}}
@@ -284,7 +282,7 @@ class PoolState:
         state.partials_merged = data["partials_merged"]
         state.duplicate_partials = data["duplicate_partials"]
         state.replicas_refused = data.get("replicas_refused", 0)
-        state.models = list(data.get("models", []))
+        state.models = ModelShares.from_dict(data)
         state.seen = dict(data["seen"])
         state._by_newest = [(newest, pid) for pid, newest in state.seen.items()]
         heapq.heapify(state._by_newest)
@@ -389,8 +387,8 @@ def read_picture(raw: bytes) -> dict[str, Any]:
         raise ValueError("profile has more than 128 characters")
     _count(picture, "watermark_ms", "load picture", MAX_EPOCH_MS)
     models = _field(picture, "models", (list,), "load picture")
-    if len(models) > MAX_MODELS or not all(type(m) is str and len(m) <= 128 for m in models):
-        raise ValueError(f"models must be at most {MAX_MODELS} strings of at most 128 characters")
+    if len(models) > MAX_MODELS or not all(type(m) is str and len(m) <= MAX_MODEL_NAME for m in models):
+        raise ValueError(f"models must be at most {MAX_MODELS} strings of at most {MAX_MODEL_NAME} characters")
     _pressure(picture, "load picture")
     axes = _field(picture, "axes", (dict,), "load picture")
     if axes.keys() != set(AXES):

@@ -720,3 +720,79 @@ def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(se
           f"{highest[0]:.2f} / {highest[1]:.2f}; critical and standard never shed; lowest {lowest}, sheddable "
           f"admitted in full again {open_at - LIE_FROM_S:.1f} s into the lie; serving capacity "
           f"{profile:.1f} → {min(during):.1f} req/s at the least")
+
+
+# 8 -----------------------------------------------------------------------------------------------------------
+
+SPARE = "spare"   # a calm pool beside ``hot``, serving another model
+
+
+def calm_sample(replica: str, time_ms: int) -> dict:
+    return replica_sample(event_time=time_ms, replica_id=replica, pool=SPARE, requests_running=1,
+                          requests_waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
+                          generation_tokens_total=0, prefix_cache_hits_total=0, prefix_cache_queries_total=0)
+
+
+def test_events_naming_another_pools_model_cannot_make_a_pool_its_redirect_target(loop_settings, worker_factory):
+    """A redirect moves shed work to a sibling with headroom: a pool that shares a model. ``spare`` (calm, its
+    replicas fresh) serves ``m-spare``; a router sends 3% of its events naming ``hot``'s model. Counted as a
+    model of ``spare`` (as every name seen used to be), that made it ``hot``'s sibling, and routers would move
+    ``hot``'s work to a pool that cannot serve it. ``hot`` must keep shedding with no redirect; then, with
+    ``m-hot`` on a real share of ``spare``'s events (the positive control), ``hot`` offers ``spare``."""
+    worker, requests_topic, replicas_topic = started_worker(loop_settings, worker_factory)
+
+    async def scenario():
+        async with ShedLoop(loop_settings) as fleet:
+            sent: list[str] = []
+
+            async def events(pool: str, model: str, n: int) -> None:
+                # completions, well inside their SLOs: they name the model without adding to the demand axis
+                for i in range(n):
+                    task = f"{pool}-{model}-{len(sent)}"
+                    value = request_event(pool=pool, model=model, event_time=now_ms(), task_id=task,
+                                          request_id=f"{task}-r1", replica_id=f"{pool}-r0")
+                    assert not isinstance(await fleet.send(requests_topic, orjson.dumps(value), task.encode()),
+                                          KafkaError)
+                    sent.append(task)
+
+            async def spare_fleet() -> None:
+                while True:
+                    for replica in ("spare-r0", "spare-r1"):
+                        await fleet.producer.send(replicas_topic, orjson.dumps(calm_sample(replica, now_ms())),
+                                                  key=replica.encode())
+                    await asyncio.sleep(0.25)   # the fleet's sampling interval, not a synchronisation
+
+            async def spare_completions(merged: bool) -> None:
+                """Until ``spare``'s newest picture shows completions in its fast window (or none): so the 10
+                events below are known to be in its state before the signals are judged."""
+                deadline = asyncio.get_running_loop().time() + 30
+                while True:
+                    picture = (await latest_pictures(loop_settings, loop_settings.kafka_bootstrap_servers,
+                                                     5.0)).get(SPARE)
+                    if picture is not None and (picture["rates"]["completed_rps"] > 0) == merged:
+                        return
+                    assert asyncio.get_running_loop().time() < deadline, f"{SPARE}'s picture: {picture}"
+
+            calm = asyncio.create_task(spare_fleet())
+            try:
+                await events(POOL, "m-hot", 100)
+                await events(SPARE, "m-spare", 300)
+                await fleet.shedding()
+                await spare_completions(merged=False)   # the 300 have left spare's fast window
+                await events(SPARE, "m-hot", 10)   # 10 of 310
+                await spare_completions(merged=True)
+                since = now_ms()
+                window = await fleet.keeps_shedding(since)
+                offered = {r["pool"] for s in window for r in s["redirect"]}
+                assert not offered, f"{POOL} offered {offered} as a redirect target on 10 events naming its model"
+                await events(SPARE, "m-hot", 150)   # now a third of spare's events
+                await until(lambda: any(r["pool"] == SPARE for r in fleet.signals[-1]["redirect"]), 30,
+                            f"{POOL} to offer {SPARE} once {SPARE} serves its model")
+                return len(window)
+            finally:
+                calm.cancel()
+                await asyncio.gather(calm, return_exceptions=True)
+
+    signals = run(scenario())
+    assert worker.proc.poll() is None and healthy(worker.base_url)
+    print(f"\n{signals} shedding signals without a redirect to a pool with 10 of 310 events naming the model")
