@@ -52,8 +52,10 @@ def format_table(pictures: dict[str, dict[str, Any]], use_colour: bool) -> str:
     return "\n".join(lines)
 
 
-def absorb(pictures: dict, batch: dict) -> None:
-    """Newest picture per pool from a fetched batch of sluice.load.v1; a record that is not a picture is skipped."""
+def absorb(pictures: dict, batch: dict) -> set[str]:
+    """Newest picture per pool from a fetched batch of sluice.load.v1; a record that is not a picture is skipped.
+    Returns the pools whose picture the batch replaced."""
+    replaced: set[str] = set()
     for messages in batch.values():
         for message in messages:
             if message.value is None:
@@ -66,6 +68,8 @@ def absorb(pictures: dict, batch: dict) -> None:
                 log.warning("skipped a record of %s at offset %d: %s", message.topic, message.offset, exc)
                 continue
             pictures[picture["pool"]] = picture
+            replaced.add(picture["pool"])
+    return replaced
 
 
 async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float = 10.0) -> dict[str, dict]:

@@ -39,7 +39,7 @@ from ..load.partial import Partial
 from ..load.picture import AXES
 from ..settings import Settings, SettingsError
 from ..pools_view import absorb
-from ..topic_reader import open_from_beginning, read_since
+from ..topic_reader import open_from_beginning, read_since, read_to_end
 
 log = logging.getLogger(__name__)
 KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
@@ -66,6 +66,8 @@ class Stage2:
         self.load_topic = load_topic
         self.admission_topic = admission_topic
         self.fleet: dict[str, dict] = {}  # every pool's newest picture, from sluice.load.v1 (for siblings)
+        self.fleet_heard: dict[str, float] = {}  # pool → when its newest picture arrived (this worker's clock)
+        self.fleet_fresh_s = settings.replica_stale_after_s
         self.max_ahead_ms = int(settings.max_clock_skew_s * 1000)
         self.partitions = topics.PARTIALS.partitions(settings)
         self.unwanted: dict[int, list[bytes]] = {}  # partials partition → table keys to delete there
@@ -233,7 +235,7 @@ class Stage2:
     async def publish(self) -> int:
         """One step of the control loop; its pictures and signals go out, and into the metrics."""
         now = self.clock()
-        step = self.loop.step(int(now * 1000), self.fleet)
+        step = self.loop.step(int(now * 1000), self.heard_fleet(now))
         for pool, error in step.failed:
             if self.failing.get(pool) != error:   # once per pool and error, not every tick
                 log.error("pool %s: its picture or decision raised, so it gets no signal: %s", pool, error)
@@ -255,12 +257,29 @@ class Stage2:
             export_signal(signal, now)
         return len(step.pictures)
 
+    def heard_fleet(self, now: float) -> dict[str, dict]:
+        """Other workers' pictures that may name redirect targets: those that arrived within
+        ``replica_stale_after_s`` by this worker's clock. A pool's picture is republished whenever a partial
+        of it merges, so one not heard from for that long had no replica sampled for that long (its worker
+        stopped, or it did): its last picture, perhaps with headroom, must not draw moved work. This worker's
+        own clock on both sides, so no other controller's clock is compared with it."""
+        return {pool: picture for pool, picture in self.fleet.items()
+                if now - self.fleet_heard.get(pool, float("-inf")) <= self.fleet_fresh_s}
+
     async def follow_fleet(self, bootstrap: str, topic: str) -> None:
-        """Keep every pool's newest picture, whichever worker computes it, for redirect decisions."""
-        consumer, _ = await open_from_beginning(bootstrap, topic, **client_options(self.settings))
+        """Keep every pool's newest picture, whichever worker computes it, for redirect decisions. What the
+        topic held when this worker started is read as not heard from: a pool whose worker is gone stays in
+        the compacted topic until another forgets it."""
+        consumer, ends = await open_from_beginning(bootstrap, topic, **client_options(self.settings))
         try:
+            await read_to_end(consumer, ends, lambda batch: absorb(self.fleet, batch))
             while True:
-                absorb(self.fleet, await consumer.getmany(timeout_ms=500))
+                batch = await consumer.getmany(timeout_ms=500)
+                heard = self.clock()
+                for pool in absorb(self.fleet, batch):
+                    self.fleet_heard[pool] = heard
+                if len(self.fleet_heard) > len(self.fleet):   # pools forgotten (tombstoned) since
+                    self.fleet_heard = {p: t for p, t in self.fleet_heard.items() if p in self.fleet}
         finally:
             await consumer.stop()
 

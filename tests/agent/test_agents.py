@@ -1000,3 +1000,28 @@ def test_the_longest_session_timeout_the_settings_allow_is_one_faust_accepts(tmp
     conf = create_app(settings).conf
     assert conf.broker_session_timeout == longest
     assert conf.broker_session_timeout < conf.broker_request_timeout
+
+
+def test_a_sibling_not_heard_from_for_the_replicas_stale_time_is_no_redirect_target(app):
+    """Pictures of pools whose worker stopped stay in the compacted topic: the last one, perhaps with headroom,
+    must not draw moved work. Freshness is this worker's clock at arrival, never the other worker's stamps."""
+    from tests.unit.test_admission_policy import picture
+
+    stage2 = app.stage2
+    hot = picture("hot", watermark=1_000, demand=1.5) | {"models": ["m"]}
+    stage2.loop.pictures["hot"] = hot
+    stage2.fleet = {"cool": picture("cool", demand=0.1) | {"models": ["m"]},
+                    "calm": picture("calm", demand=0.1) | {"models": ["m"]}}
+    stage2.fleet_heard = {"cool": 100.0}   # "calm" was in the topic at start and never heard from since
+    stage2.clock = lambda: 100.0 + stage2.settings.replica_stale_after_s
+
+    def redirects() -> list[str]:
+        asyncio.run(stage2.publish())
+        key, signal = stage2.admission_topic.sent[-1]
+        assert key == b"hot"
+        return [r["pool"] for r in orjson.loads(signal)["redirect"]]
+
+    assert redirects() == ["cool"]
+    stage2.clock = lambda: 100.1 + stage2.settings.replica_stale_after_s
+    stage2.loop.published.clear()   # a new signal now, not at the heartbeat
+    assert redirects() == []
