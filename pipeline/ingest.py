@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 from .events import Event, Rejected, dead_letter, decode
 
@@ -71,6 +71,8 @@ class TimeBounds:
     def of(cls, settings) -> "TimeBounds":
         return cls(int(settings.max_clock_skew_s * 1000), int(settings.max_event_age_s * 1000))
 
+    TIME_REASONS = ("event_time_ahead", "event_time_too_old")
+
     def check(self, event_time: int, now_ms: int) -> Rejected | None:
         if self.max_ahead_ms is not None and event_time > now_ms + self.max_ahead_ms:
             return Rejected("event_time_ahead", f"event_time {event_time} is {(event_time - now_ms) / 1000:.0f} s "
@@ -82,16 +84,29 @@ class TimeBounds:
 
 
 def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                   seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> Decoded:
-    """Every record ends as an event, a dead letter or a counted duplicate."""
+                   seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds(),
+                   verdicts: Mapping[int, tuple[str, int]] | None = None) -> Decoded:
+    """Every record ends as an event, a dead letter or a counted duplicate.
+
+    ``verdicts`` (source offset → its dead letter's reason and time), for a block landed before and replayed:
+    the time bounds are the clock's, so a replay after a crash between the block's dead letters and its rows
+    would judge again with a later clock — an event dead-lettered as ahead then landing as a row too, or one
+    landed as valid then dead-lettered as too old into an insert the store drops as a repeat (in neither).
+    With them, a record is out of its time bounds exactly when its first landing said so, and its dead letter
+    keeps its first time (the store's day partition, where the repeat is dropped)."""
     out = Decoded()
     for rec in records:
         result = decode(cls, rec.value, rec.key, max_bytes)
+        verdict = verdicts.get(rec.offset) if verdicts is not None else None
         if not isinstance(result, Rejected):
-            result = bounds.check(result.event_time, now_ms) or result
+            if verdicts is None:
+                result = bounds.check(result.event_time, now_ms) or result
+            elif verdict is not None and verdict[0] in TimeBounds.TIME_REASONS:
+                result = Rejected(verdict[0], f"event_time {result.event_time} was out of the time bounds "
+                                              f"when this block first landed (a replay keeps that)")
         if isinstance(result, Rejected):
             key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
-                                      rec.timestamp_ms, now_ms)
+                                      rec.timestamp_ms, verdict[1] if verdict is not None else now_ms)
             out.dead_letters.append((rec, key, letter))
             out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
             continue

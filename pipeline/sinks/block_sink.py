@@ -21,7 +21,8 @@ from ..events import AdmissionSignal
 from ..ingest import Record, RecentIds, TimeBounds
 from ..settings import Settings
 from . import positions
-from .blocks import DEAD_LETTER_TABLE, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks, refused_by_store
+from .blocks import (DEAD_LETTER_TABLE, STORE_REJECTED, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks,
+                     refused_by_store)
 from .clickhouse import ClickHouseSink
 from .store import Store, StoreRejected
 
@@ -175,7 +176,7 @@ class BlockSink:
             for key, letter, _ in letters:
                 await self.send_dead_letter(key, letter)
             await self._land_dead_letters([row for _, _, row in letters], f"{DEAD_LETTER_TABLE}:{token}#refused")
-            metrics.count_dead_letters(block.topic, {"store_rejected": len(letters)})
+            metrics.count_dead_letters(block.topic, {STORE_REJECTED: len(letters)})
         block.rows = [r for i, r in enumerate(block.rows) if i not in refused_rows]
 
     async def resume(self, cls: type, topic: str, partition: int, committed: int) -> None:
@@ -195,7 +196,9 @@ class BlockSink:
             ids = await self.sink.call("resume", positions.recent_ids, self.store, table, topic, partition,
                                        s.dedup_recent_ids, last[0] if last else None)
             self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
-        self.cursors[where] = PartitionCursor(landed, last, others)
+        verdicts = await self.sink.call("resume", positions.replay_verdicts, self.store, topic, partition,
+                                        last[0]) if last else {}
+        self.cursors[where] = PartitionCursor(landed, last, others, verdicts)
         if landed:
             log.info("landing resumes %s/%d at %d; the store holds %d offset run(s) after it, up to %d",
                      topic, partition, committed, len(landed), landed[-1][1])

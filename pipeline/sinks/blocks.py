@@ -21,7 +21,7 @@ from __future__ import annotations
 import zlib
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 
@@ -31,6 +31,7 @@ from ..ingest import Record, RecentIds, TimeBounds, decode_records
 TABLE_OF: dict[type, str] = {RequestEvent: "request_events", ReplicaSample: "replica_samples",
                              AdmissionSignal: "admission_signals"}
 DEAD_LETTER_TABLE = "dead_letters"
+STORE_REJECTED = "store_rejected"   # the reason of a row the store refused after it decoded
 
 
 @dataclass
@@ -142,16 +143,18 @@ def dead_letter_row(letter: bytes, rec: Record) -> bytes:
 def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) -> tuple[bytes, bytes, bytes]:
     """Row ``index`` of a block, which the store refused, as (dead-letter key, value, table row)."""
     rec = out.sources[index]
-    key, letter = dead_letter(Rejected("store_rejected", detail[:1024]), rec.value, rec.key, rec.topic,
+    key, letter = dead_letter(Rejected(STORE_REJECTED, detail[:1024]), rec.value, rec.key, rec.topic,
                               rec.partition, rec.offset, rec.timestamp_ms, now_ms)
     return key, letter, with_block([dead_letter_row(letter, rec)], out.start, out.end)[0]
 
 
 def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
-                  seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds()) -> BlockOutcome:
-    """Decode one block (records of one partition, in offset order) into rows."""
+                  seen: RecentIds | None = None, bounds: TimeBounds = TimeBounds(),
+                  verdicts: Mapping[int, tuple[str, int]] | None = None) -> BlockOutcome:
+    """Decode one block (records of one partition, in offset order) into rows (``verdicts``: a replayed
+    block's dead letters as it first landed, ``decode_records``)."""
     first = records[0]
-    decoded = decode_records(cls, records, max_bytes, now_ms, seen, bounds)
+    decoded = decode_records(cls, records, max_bytes, now_ms, seen, bounds, verdicts)
     return BlockOutcome(
         TABLE_OF[cls], first.topic, first.partition, first.offset, records[-1].offset,
         rows=[row(event, rec) for event, rec in zip(decoded.events, decoded.sources)],
@@ -168,15 +171,19 @@ class PartitionCursor:
     ``replay`` (start, end) is the last block the store holds after the
     committed offset: its records are held until the block is complete and
     re-sent on exactly its old boundaries, unfiltered, so its inserts repeat
-    their tokens (a crash may have cut it between a table and its view). The
+    their tokens (a crash may have cut it between a table and its view), and
+    with its dead letters as it first landed (``replay_verdicts``, source
+    offset → the reason and time of its dead letter in the store). The
     other records whose offsets the store holds (``landed``, from
     ``positions.landed_ranges``) are dropped, whatever their block boundaries.
     """
 
     def __init__(self, landed: list[tuple[int, int]] | None = None, replay: tuple[int, int] | None = None,
-                 landed_by_others: list[tuple[int, int]] | None = None) -> None:
+                 landed_by_others: list[tuple[int, int]] | None = None,
+                 replay_verdicts: Mapping[int, tuple[str, int]] | None = None) -> None:
         self.landed = list(landed or ())
         self.replay = replay
+        self.replay_verdicts = dict(replay_verdicts) if replay_verdicts is not None else None   # None: unknown
         # what other blocks landed inside the replayed one's range (a block cut after an earlier restart):
         # the replay repeats exactly what it held the first time
         self.landed_by_others = list(landed_by_others or ())
@@ -232,8 +239,8 @@ def cut_blocks(cls: type, records: list[Record], cursor: PartitionCursor, max_by
     for run, sealed in cursor.cut(records):
         if sealed:   # it repeats exactly what it held the first time
             kept = cursor.unlanded(run, cursor.landed_by_others)
-            block = process_block(cls, kept, max_bytes, now_ms, seen, bounds=bounds) if kept else \
-                BlockOutcome(TABLE_OF[cls], run[0].topic, run[0].partition, replay[0], replay[1])
+            block = process_block(cls, kept, max_bytes, now_ms, seen, bounds, cursor.replay_verdicts) if kept \
+                else BlockOutcome(TABLE_OF[cls], run[0].topic, run[0].partition, replay[0], replay[1])
             block.start, block.end, block.sealed, block.holes = replay[0], replay[1], True, len(kept) < len(run)
             out.append(block)
             continue

@@ -16,7 +16,7 @@ crash can cut an insert between its table and a materialized view
 
 from __future__ import annotations
 
-from .blocks import DEAD_LETTER_TABLE
+from .blocks import DEAD_LETTER_TABLE, STORE_REJECTED
 from .store import Store
 
 Ranges = list[tuple[int, int]]  # inclusive offset ranges, ascending and disjoint
@@ -55,6 +55,16 @@ def last_block(store: Store, table: str, topic: str, partition: int, since: int)
         f"UNION ALL SELECT block_start, block_end FROM {DEAD_LETTER_TABLE} WHERE {where}) "
         f"GROUP BY block_start ORDER BY block_start DESC LIMIT 1")
     return (int(rows[0]["block_start"]), int(rows[0]["block_end"])) if rows else None
+
+
+def replay_verdicts(store: Store, topic: str, partition: int, block_start: int) -> dict[int, tuple[str, int]]:
+    """Source offset → (reason, epoch ms) of each record the block starting at ``block_start`` dead-lettered
+    as it decoded (not those the store refused later, which decode as rows again): the replay repeats them."""
+    rows = store.query(
+        "SELECT source_offset, any(reason) AS first_reason, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
+        f"FROM {DEAD_LETTER_TABLE} WHERE {_where(topic, partition)} AND block_start = {int(block_start)} "
+        f"AND reason != '{STORE_REJECTED}' GROUP BY source_offset")
+    return {int(r["source_offset"]): (r["first_reason"], int(r["first_ms"])) for r in rows}
 
 
 def recent_ids(store: Store, table: str, topic: str, partition: int, limit: int,

@@ -182,3 +182,41 @@ def test_a_block_spread_over_more_days_than_one_insert_may_touch_lands_in_two_ha
     assert asyncio.run(scenario()) == {("raw", 0): 101}
     assert counts(store) == (101, 101) and letters == []
     assert [n for table, n in inserts if table == "request_events"] == [101, 50, 51]
+
+
+@pytest.mark.parametrize("later_s", [0, 120, 3 * 86400])
+def test_a_block_cut_between_its_dead_letters_and_its_rows_replays_with_its_first_verdicts(store, later_s):
+    """The time bounds read the clock: a block whose dead letters landed before a crash, and whose rows did
+    not, was judged again with the restart's clock — an event dead-lettered as ahead then also landed as a
+    row, and one valid at first but too old by the restart dead-lettered into an insert the store dropped as
+    a repeat, so it was neither. The replay now takes its verdicts from the dead letters in the store: each
+    record is exactly one row or one dead letter, as it first landed, however much later the restart is."""
+    from pipeline.ingest import TimeBounds
+
+    day = 86_400_000
+    now = 1_700_000_000_000
+    bounds = TimeBounds(max_ahead_ms=60_000, max_age_ms=7 * day)
+    times = [now + 90_000, now - 7 * day + 60_000, now, now + 30_000, now - 7 * day - 1]   # ahead, nearly too old, ...
+    events = [request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase="completed", event_time=t)
+              for i, t in enumerate(times)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    first = process_block(RequestEvent, records, 1 << 20, now, bounds=bounds)
+    assert sorted(first.reasons.items()) == [("event_time_ahead", 1), ("event_time_too_old", 1)]
+    store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))
+    # the crash: no rows, no commit; a new owner resumes from offset 0, a while later
+    last = positions.last_block(store, "request_events", "raw", 0, 0)
+    verdicts = positions.replay_verdicts(store, "raw", 0, last[0])
+    assert last == (0, 4) and verdicts == {0: ("event_time_ahead", now), 4: ("event_time_too_old", now)}
+    cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts)
+    (again,) = cut_blocks(RequestEvent, records, cursor, 1 << 20, now + later_s * 1000, bounds=bounds)
+    assert again.token("request_events") == first.token("request_events")
+    land(store, again)
+    rows = {r["task_id"] for r in store.query("SELECT task_id FROM request_events")}
+    letters = [r["source_offset"] for r in store.query("SELECT source_offset FROM dead_letters")]
+    assert rows == {"t-1", "t-2", "t-3"} and sorted(letters) == [0, 4]
+    # without the verdicts (as before), a restart three days on lands the early event as a row beside its
+    # dead letter, and loses the one that was nearly too old
+    if later_s == 3 * 86400:
+        blind = PartitionCursor([], last, [])
+        (judged,) = cut_blocks(RequestEvent, records, blind, 1 << 20, now + later_s * 1000, bounds=bounds)
+        assert [r.offset for r in judged.sources] == [0, 2, 3]
