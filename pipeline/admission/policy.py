@@ -506,6 +506,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         # (no loss is known, which is not none). Informational, so not in ROUTED_MEMBERS: it rides on the
         # signals the routed members or the heartbeat send
         signal["redirect_cache_loss_fraction"] = round(share, 2)
+    if signal["redirect"]:   # which models each move can take: a target may share one of the source's models
+        models = set(picture.get("models", ()))
+        shared = {sib["pool"]: sorted(models & set(sib.get("models", ()))) for sib in siblings}
+        signal["redirect_models"] = [{"pool": r["pool"], "models": shared.get(r["pool"], [])}
+                                     for r in signal["redirect"]]
     if listed:   # absent when empty: routers that predate it see the signal they know
         signal["tenant_admit_fraction"] = listed
     return Decision(pool=picture["pool"], state=state, state_since_ms=since, shed_level=round(level, 6),
@@ -588,7 +593,7 @@ WAIT_CHANGE_S = 0.1
 
 # What routers act on, exactly as published (optional members compare absent with absent).
 ROUTED_MEMBERS = ("state", "admit_fraction", "continuing_task_admit_fraction", "warm_task_admit_fraction",
-                  "tenant_admit_fraction", "redirect", "defer")
+                  "tenant_admit_fraction", "redirect", "redirect_models", "defer")
 
 
 def changed(a: Decision, b: Decision) -> bool:

@@ -18,6 +18,7 @@ class Request:
     after_shed: bool = False   # this retry follows a rejection by admission, honouring its retry-after
     tenant: str | None = None  # whose work it is: a tenant over its fair share is shed by its own fractions
     warm: bool = False         # a continuing step sent back to the replica that holds its context (affinity)
+    model: str | None = None   # the model asked for: moved only to a pool the signal lists with it
 
     def __post_init__(self) -> None:
         """A misspelled class fails on every call: read from a signal, it raised a KeyError only for a pool

@@ -411,3 +411,40 @@ def test_a_quiet_pool_may_retry_a_failure_whatever_its_budget():
     decider.decide(Request("p", "standard"))
     verdicts = [decider.decide(Request("p", "standard", retry=True)) for _ in range(3)]
     assert verdicts[:2] == [ADMIT, ADMIT] and rejected_by_budget(verdicts[2])
+
+
+@pytest.mark.parametrize("predates", [False, True])
+def test_a_request_is_moved_only_to_a_pool_that_serves_its_model(monkeypatch, predates):
+    """``redirect_models`` (added in place to v1) says which of the source's models each target serves: a pool
+    of two models moves each request only where its model is served. A router that predates it drops it and
+    moves as before; one that does not know the request's model moves as before too."""
+    import orjson
+
+    import pipeline.router.signal_book as signal_book
+    from pipeline.events import validate
+
+    if predates:
+        monkeypatch.setattr(signal_book, "KNOWN_FIELDS", signal_book.KNOWN_FIELDS - {"redirect_models"})
+    now_ms = 1_000_000
+    decision = Decision("p")
+    for tick in range(10):
+        hot = picture("p", watermark=now_ms + tick, demand=3.0) | {"models": ["m-chat", "m-code"]}
+        decision = decide(hot, decision, AdmissionConfig(), now_ms + tick,
+                          siblings=[picture("q", demand=0.1) | {"models": ["m-code", "m-other"]}])
+    signal = decision.signal
+    assert signal["redirect_models"] == [{"pool": "q", "models": ["m-code"]}]
+    body = {"event_id": "0b6f3a52-9a38-4f0e-8d6e-3f0c1f1a2b3c", "event_time": now_ms, **signal}
+    validate("admission_signal", orjson.loads(sign(body, "k1", KEYS["k1"])))
+    book = book_with(sign(body, "k1", KEYS["k1"]), clock=Clock(now_ms / 1000))
+    assert ("redirect_models" in book.signals["p"]) is not predates, book.refused
+    decider = Decider(book, seed=1, clock=Clock(now_ms / 1000))
+    chat = decider.decide(Request("p", "sheddable", slo_ttft_s=5.0, model="m-chat"))
+    assert chat == (Redirect("q") if predates else Reject(chat.retry_after_s, "shed"))
+    assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0, model="m-code")) == Redirect("q")
+    assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0)) == Redirect("q")
+
+
+def test_no_redirect_no_redirect_models():
+    calm = decide(picture("p", watermark=1, demand=0.1) | {"models": ["m"]}, Decision("p"), AdmissionConfig(), 1,
+                  siblings=[picture("q", demand=0.1) | {"models": ["m"]}]).signal
+    assert calm["redirect"] == [] and "redirect_models" not in calm
