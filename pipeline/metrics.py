@@ -137,6 +137,10 @@ ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
                                 "RequestEvents a router's emitter dropped because its buffer was full.",
                                 registry=REGISTRY)
 
+ROUTER_FOLLOW_ERRORS = Counter("sluice_router_follow_errors_total",
+                               "Errors a router met following the admission topic (it backs off and reads "
+                               "the topic again from the beginning).", registry=REGISTRY)
+
 CONTROL_EVENTS = Counter("sluice_control_events_total",
                          "Raw events the control path handled, by topic and outcome (folded, dead_lettered, duplicate).",
                          ["topic", "outcome"], registry=REGISTRY)

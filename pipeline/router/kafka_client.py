@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 
 CONTROLLERS_ROOM_FOR = 10   # the signal book has room for this many controllers at their max_pools
+FOLLOW_RETRY_MAX_S = 30.0   # the longest back-off before a router reads the admission topic again
 
 
 class RouterClient:
@@ -46,13 +47,20 @@ class RouterClient:
 
     async def start(self) -> None:
         """Read the compacted topic to its end (every pool's newest signal), then follow it."""
+        await self._open()
+        self._task = asyncio.create_task(self._follow())
+
+    async def _open(self) -> None:
         from ..topic_reader import open_from_beginning, read_to_end
 
         consumer, ends = await open_from_beginning(self.bootstrap, topics.ADMISSION.name(self.settings),
                                                    **client_options(self.settings))
-        await read_to_end(consumer, ends, self._absorb)
+        try:
+            await read_to_end(consumer, ends, self._absorb)
+        except BaseException:
+            await consumer.stop()
+            raise
         self._consumer = consumer
-        self._task = asyncio.create_task(self._follow())
 
     def _absorb(self, batch: dict) -> None:
         for messages in batch.values():
@@ -60,15 +68,40 @@ class RouterClient:
                 self.book.offer(message.value)
 
     async def _follow(self) -> None:
+        """Offer each new signal to the book. An error the consumer raises (an authorizer refusing during an
+        ACL reload, a corrupt batch) is logged and counted, and the topic is read again from the beginning
+        after a back-off (1 s, doubling to 30 s): one such error ended this task, and the router decided on
+        its last signals, then on its own throttle, until the process restarted. Re-reading is safe: the book
+        refuses what it has seen (replayed) or what has expired."""
+        from ..metrics import ROUTER_FOLLOW_ERRORS
+
+        delay = 1.0
         while True:
-            self._absorb(await self._consumer.getmany(timeout_ms=500))
+            try:
+                if self._consumer is None:
+                    await self._open()
+                self._absorb(await self._consumer.getmany(timeout_ms=500))
+                delay = 1.0
+            except Exception as exc:
+                ROUTER_FOLLOW_ERRORS.inc()
+                log.warning("router: following %s failed (%s: %.200s); reading it again in %.0f s",
+                            topics.ADMISSION.name(self.settings), type(exc).__name__, exc, delay)
+                consumer, self._consumer = self._consumer, None
+                if consumer is not None:
+                    try:
+                        await consumer.stop()
+                    except Exception:   # a consumer that failed may fail to stop too: it is dropped either way
+                        pass
+                await asyncio.sleep(delay)   # back-off before reconnecting, not a synchronisation
+                delay = min(FOLLOW_RETRY_MAX_S, delay * 2)
 
     async def stop(self) -> None:
         from ..topic_reader import cancel
 
         await cancel(self._task)
-        if self._consumer:
-            await self._consumer.stop()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
 
 
 class EventEmitter:
