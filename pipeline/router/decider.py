@@ -60,7 +60,7 @@ class Decider:
         # early rejection spares work that would miss its SLO, but never critical work: critical is shed
         # only through its admit fraction, after every other class, down to the policy's floor
         if slo is not None and request.priority != "critical" and signal["max_predicted_wait_s"] > slo:
-            return self._elsewhere(signal, slo, "predicted_wait", request.model)
+            return self._elsewhere(signal, slo, "predicted_wait", request, now_ms)
         kind = "continuing_task_admit_fraction" if request.continuing else "admit_fraction"
         # a warm step (its context cached on the replica it goes back to) has fractions of its own when the
         # cache makes it cheaper; without them it is a continuing step like any other
@@ -75,7 +75,7 @@ class Decider:
             return ADMIT
         if request.priority in signal["defer"]["classes"]:
             return Defer(self._spread(signal["defer"]["retry_after_s"], low=1.0))
-        return self._elsewhere(signal, slo, "shed", request.model)
+        return self._elsewhere(signal, slo, "shed", request, now_ms)
 
     def _new_counts(self, pool: str) -> SlidingCounts:
         """A pool's first counts, for as many pools as the signal book keeps: the one counted longest ago is
@@ -92,12 +92,18 @@ class Decider:
         says (its floor is the policy's ``defer_min_s``); nothing is later than a day."""
         return min(86400.0, max(1.0, retry_after_s * self.rng.uniform(low, 1.5)))
 
-    def _elsewhere(self, signal: dict, slo: float | None, reason: str, model: str | None = None) -> Verdict:
+    def _elsewhere(self, signal: dict, slo: float | None, reason: str, request: Request, now_ms: float) -> Verdict:
         """Move the work if a sibling has headroom, serves the request's model (when the request and the
-        signal name models) and its cold prefill still fits the SLO; else reject."""
-        options = [r for r in signal["redirect"] if slo is None or r["cold_prefill_cost_s"] < slo]
-        if model is not None and options and "redirect_models" in signal:
-            serving = {e["pool"] for e in signal["redirect_models"] if model in e["models"]}
+        signal name models) and its cold prefill still fits the SLO; else reject.
+
+        Never to the request's own pool, nor to a pool whose own current signal sheds the request's class:
+        the source's signal is older news about the target than the target's, and two pools both relaxing
+        after an overload (or one holding a stale signal fail-static) offered each other, so moved work went
+        round between them, or was admitted by a move into a pool that was shedding it."""
+        options = [r for r in signal["redirect"] if (slo is None or r["cold_prefill_cost_s"] < slo)
+                   and r["pool"] != request.pool and self._takes(r["pool"], request.priority, now_ms)]
+        if request.model is not None and options and "redirect_models" in signal:
+            serving = {e["pool"] for e in signal["redirect_models"] if request.model in e["models"]}
             options = [r for r in options if r["pool"] in serving]
         if options:
             cumulative, total = [], 0.0
@@ -107,6 +113,11 @@ class Decider:
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             return Redirect(options[min(pick, len(options) - 1)]["pool"], reason)
         return self._reject(signal, reason)
+
+    def _takes(self, pool: str, priority: str, now_ms: float) -> bool:
+        """Whether ``pool``'s own signal, if this router holds a valid one, admits ``priority`` in full."""
+        target = self.book.current(pool, now_ms)
+        return target is None or now_ms > target["valid_until"] or target["admit_fraction"][priority] >= 1.0
 
     def _reject(self, signal: dict, reason: str) -> Reject:
         return Reject(self._spread(signal["defer"]["retry_after_s"]), reason)

@@ -448,3 +448,32 @@ def test_no_redirect_no_redirect_models():
     calm = decide(picture("p", watermark=1, demand=0.1) | {"models": ["m"]}, Decision("p"), AdmissionConfig(), 1,
                   siblings=[picture("q", demand=0.1) | {"models": ["m"]}]).signal
     assert calm["redirect"] == [] and "redirect_models" not in calm
+
+
+def test_work_is_never_moved_to_its_own_pool_nor_to_a_pool_shedding_its_class():
+    """A signal's redirect is the source's view of the target; the target's own current signal is newer news.
+    Two pools relaxing after an overload offered each other, so moved work went round (A → B → A), a move
+    admitted work into a pool shedding it, and a signal naming its own pool switched its shedding off."""
+    now_ms = 1_000_000
+    shed = {"critical": 1.0, "standard": 0.0, "sheddable": 0.0, "deferrable": 0.0}
+
+    def body(pool, redirect_to, admit):
+        message, _ = signed(pool, now_ms)
+        signal = orjson.loads(message)
+        for field in ("key_id", "signature"):
+            del signal[field]
+        signal |= {"admit_fraction": admit, "continuing_task_admit_fraction": admit,
+                   "redirect": [{"pool": redirect_to, "weight": 1.0, "cold_prefill_cost_s": 0.1}]}
+        return sign(signal, "k1", KEYS["k1"])
+
+    import orjson
+
+    book = book_with(body("A", "B", shed), body("B", "A", shed), body("C", "C", shed), body("D", "E", shed),
+                     clock=Clock(now_ms / 1000))
+    assert book.refused == {}, book.refused
+    decider = Decider(book, seed=1, clock=Clock(now_ms / 1000))
+    for pool in ("A", "B", "C"):
+        verdict = decider.decide(Request(pool, "standard", slo_ttft_s=2.0))
+        assert isinstance(verdict, Reject) and verdict.reason == "shed", (pool, verdict)
+    assert decider.decide(Request("D", "standard", slo_ttft_s=2.0)) == Redirect("E"), "E has no signal: it may take it"
+    assert decider.decide(Request("A", "critical", slo_ttft_s=2.0)) == ADMIT
