@@ -2,12 +2,16 @@
 
 Names are matched by engine; each field takes the first name present, so
 both current and older vLLM releases work. Samples of one name with
-different labels (engines, GPUs) are summed; DCGM utilisation is averaged
-and converted from percent to a fraction.
+different labels (engines, GPUs) are summed, but for the KV cache's usage,
+a fraction per engine, which is averaged (two data-parallel engines each 40%
+full summed to 0.8: a pool at its KV limit with half its cache free); DCGM
+utilisation is averaged and converted from percent to a fraction. A value
+that is not a finite, non-negative number fails the scrape.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,6 +40,7 @@ ENGINE_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 REQUIRED = ("requests_running", "requests_waiting", "kv_cache_usage")
+AVERAGED = ("kv_cache_usage",)   # a fraction per engine: the replica's is their mean
 DCGM = {"gpu_util": ("DCGM_FI_DEV_GPU_UTIL", "mean_percent"), "fb_used_mib": ("DCGM_FI_DEV_FB_USED", "sum"),
         "power_w": ("DCGM_FI_DEV_POWER_USAGE", "sum")}
 
@@ -55,11 +60,19 @@ def _samples(text: str) -> dict[str, list[float]]:
         raise ScrapeError(f"not Prometheus exposition text: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def _first(samples: dict[str, list[float]], names: Iterable[str]) -> float | None:
+def _first(samples: dict[str, list[float]], names: Iterable[str], mean: bool = False) -> float | None:
     for name in names:
         if name in samples:
-            return sum(samples[name])
+            values = samples[name]
+            return sum(values) / len(values) if mean else sum(values)
     return None
+
+
+def _checked(fields: dict[str, float]) -> dict[str, float]:
+    bad = {name: value for name, value in fields.items() if not (math.isfinite(value) and value >= 0)}
+    if bad:
+        raise ScrapeError(f"values that are not finite non-negative numbers: {bad!r:.200}")
+    return fields
 
 
 def parse_engine(text: str, engine: str) -> dict[str, float]:
@@ -68,12 +81,13 @@ def parse_engine(text: str, engine: str) -> dict[str, float]:
     names = ENGINE_NAMES[engine]
     fields: dict[str, float] = {}
     for field, candidates in names.items():
-        value = _first(samples, candidates)
+        value = _first(samples, candidates, mean=field in AVERAGED)
         if value is None:
             if field in REQUIRED:
                 raise ScrapeError(f"{engine} metric {candidates[0]} is missing")
             value = 0.0
         fields[field] = value
+    _checked(fields)
     fields["requests_running"] = int(fields["requests_running"])
     fields["requests_waiting"] = int(fields["requests_waiting"])
     fields["kv_cache_usage"] = min(1.0, max(0.0, fields["kv_cache_usage"]))
@@ -87,4 +101,4 @@ def parse_dcgm(text: str) -> dict[str, float]:
         values = samples.get(name)
         if values:
             out[field] = min(1.0, sum(values) / len(values) / 100) if how == "mean_percent" else sum(values)
-    return out
+    return _checked(out)

@@ -20,11 +20,15 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter
 
 from .. import topics
+from ..contract import compile_schema, load_schema
 from ..events import SCHEMA_VERSION, ReplicaSample, decode
 from ..kafka_clients import producer_options
 from ..metrics import REGISTRY
 from ..settings import Settings
 from .engine_metrics import ScrapeError, parse_dcgm, parse_engine
+
+# the replica_sample.v1 check of each field a scrape fills
+SAMPLE_CHECKS = {name: compile_schema(spec, name) for name, spec in load_schema("replica_sample")["properties"].items()}
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +63,15 @@ class Collector:
     def collect(self, now_ms: int) -> dict[str, Any]:
         """One scrape → one ReplicaSample document (always valid, healthy or not)."""
         try:
-            fields = parse_engine(self._fetch(self.target.url), self.target.engine)
+            fields = _schema_checked(parse_engine(self._fetch(self.target.url), self.target.engine))
             if self.target.dcgm_url:
                 try:
-                    fields.update(parse_dcgm(self._fetch(self.target.dcgm_url)))
-                except (OSError, ScrapeError) as exc:
+                    fields.update(_schema_checked(parse_dcgm(self._fetch(self.target.dcgm_url))))
+                except (OSError, ValueError) as exc:
                     log.warning("DCGM scrape of %s failed: %s", self.target.dcgm_url, exc)
             self.failures_in_a_row = 0
             self.last_good = fields
-        except (OSError, ScrapeError, ValueError) as exc:
+        except (OSError, ScrapeError, ValueError, ArithmeticError) as exc:
             self.failures += 1
             self.failures_in_a_row += 1
             SCRAPE_FAILURES.labels(self.target.replica).inc()
@@ -80,6 +84,14 @@ class Collector:
         return {"schema_version": SCHEMA_VERSION, "event_id": str(uuid.uuid4()), "event_time": now_ms,
                 "replica_id": self.target.replica, "pool": self.target.pool, "hardware": self.target.hardware,
                 "gpu_count": self.target.gpu_count, "healthy": healthy, **fields}
+
+
+def _schema_checked(fields: dict[str, Any]) -> dict[str, Any]:
+    """Raises (Invalid, a ValueError) on a value the sample's schema refuses: it fails the scrape, where a
+    sample built with it was dropped at publishing, silently, and the replica never read unhealthy."""
+    for name, value in fields.items():
+        SAMPLE_CHECKS[name](value, name)
+    return fields
 
 
 async def run(settings: Settings, bootstrap: str, collector: Collector, interval_s: float,

@@ -1,0 +1,44 @@
+"""Engine exposition → sample fields: what one odd scrape can do to a replica's sample."""
+
+import pytest
+
+from pipeline.collectors.engine_metrics import ScrapeError, parse_engine
+from pipeline.collectors.vllm import Collector, Target
+
+
+def exposition(kv=("0.5", "0.55"), running="3", prompt="1000"):
+    lines = ["# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge",
+             "# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:prompt_tokens counter"]
+    for engine, usage in enumerate(kv):
+        lines += [f'vllm:num_requests_running{{engine="{engine}"}} {running}',
+                  f'vllm:num_requests_waiting{{engine="{engine}"}} 1',
+                  f'vllm:kv_cache_usage_perc{{engine="{engine}"}} {usage}',
+                  f'vllm:prompt_tokens_total{{engine="{engine}"}} {prompt}']
+    return "\n".join(lines) + "\n"
+
+
+def test_kv_usage_is_averaged_over_data_parallel_engines_and_counts_are_summed():
+    """Summed, two engines about half full read 1.0: a pool at its KV limit with half its cache free."""
+    fields = parse_engine(exposition(), "vllm")
+    assert fields["kv_cache_usage"] == pytest.approx(0.525)
+    assert fields["requests_running"] == 6 and fields["prompt_tokens_total"] == 2000
+
+
+@pytest.mark.parametrize("text", [exposition(running="+Inf"), exposition(prompt="NaN"), exposition(kv=("NaN",)),
+                                  exposition(running="-3")])
+def test_a_value_that_is_not_a_finite_non_negative_number_fails_the_scrape(text):
+    with pytest.raises(ScrapeError):
+        parse_engine(text, "vllm")
+
+
+@pytest.mark.parametrize("text", [exposition(running="+Inf"), exposition(prompt="NaN"), exposition(running="1e12")])
+def test_the_collector_counts_such_a_scrape_as_failed_and_goes_on(monkeypatch, text):
+    """``int(+Inf)`` raised OverflowError out of ``collect`` (the collector exited), and a value the sample's
+    schema refuses reset the failure count while the sample built with it was dropped at publishing: the
+    replica went silent and never read unhealthy."""
+    collector = Collector(Target(url="http://127.0.0.1:1/metrics", replica="r1", pool="p", hardware="H100-80GB"))
+    monkeypatch.setattr(collector, "_fetch", lambda url: text)
+    samples = [collector.collect(1_700_000_000_000 + i) for i in range(3)]
+    assert collector.failures_in_a_row == 3 and [s["healthy"] for s in samples] == [True, True, False]
+    monkeypatch.setattr(collector, "_fetch", lambda url: exposition())
+    assert collector.collect(1_700_000_001_000)["healthy"] and collector.failures_in_a_row == 0
