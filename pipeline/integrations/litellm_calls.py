@@ -48,10 +48,11 @@ class CallInfo:
     slo_ttft_s: float
     slo_tpot_s: float
     final: bool = False   # the task's last step and try, as far as the caller said
+    after_shed: bool = False   # a later attempt of a task admission shed (the hook remembers which)
 
     def request(self) -> Request:
         return Request(self.pool, self.priority, continuing=self.step > 0, retry=self.attempt > 1,
-                       slo_ttft_s=self.slo_ttft_s, tenant=self.tenant)
+                       slo_ttft_s=self.slo_ttft_s, tenant=self.tenant, after_shed=self.after_shed)
 
     def stash(self) -> dict:
         return asdict(self)

@@ -18,6 +18,7 @@ user's call by accident, only by a verdict.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 import logging
 import math
 import time
@@ -40,6 +41,7 @@ from .litellm_calls import (STASH, CallInfo, call_info, completion_events, event
 log = logging.getLogger(__name__)
 CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
 RECONNECT_MAX_S = 30.0
+MAX_SHED_TASKS = 100_000   # shed tasks remembered (about 200 bytes each), the oldest forgotten first
 
 
 def _seconds(value: Any) -> float | None:
@@ -55,6 +57,9 @@ class SluiceAdmission(CustomLogger):
         super().__init__()
         self.settings = settings or load_settings()
         self.configs = PictureConfigs(self.settings)
+        # (tenant, task id) of calls this hook shed lately, oldest first: their next attempts are retries of
+        # shed work (``after_shed``), judged by the admit fraction and not spent from the retry budget
+        self._shed: OrderedDict[tuple[str, str], None] = OrderedDict()
         bootstrap = bootstrap_servers(self.settings)
         self.router = RouterClient(self.settings, bootstrap, keyring(self.settings))
         self.emitter = EventEmitter(self.settings, bootstrap)
@@ -128,8 +133,29 @@ class SluiceAdmission(CustomLogger):
             return False
 
     def _slo(self, pool: str) -> tuple[float, float]:
-        profile = self.configs.for_pool(pool).profile
+        """The pool's (TTFT, TPOT) objectives, from its profile. Not through ``PictureConfigs.for_pool``,
+        which keeps one config per pool named: the pool is the model a caller asks for, checked by the proxy
+        only after this hook, so invented names grew the proxy's memory by about 290 bytes a call."""
+        s = self.settings
+        profile = self.configs.profiles[s.pool_profiles.get(pool, s.default_profile)]
         return profile.slo_ttft_s, profile.slo_tpot_s
+
+    def _after_shed(self, call: CallInfo) -> CallInfo:
+        """A later attempt of a task this hook shed: the retry of shed work. Without it, work shed in an
+        overload came back counted against the retry budget, and a recovered pool refused most of it."""
+        if call.attempt > 1 and (call.tenant, call.task_id) in self._shed:
+            return replace(call, after_shed=True)
+        return call
+
+    def _remember(self, call: CallInfo, verdict: Any) -> None:
+        key = (call.tenant, call.task_id)
+        if isinstance(verdict, (Reject, Defer)):
+            self._shed[key] = None
+            self._shed.move_to_end(key)
+            if len(self._shed) > MAX_SHED_TASKS:
+                self._shed.popitem(last=False)
+        else:
+            self._shed.pop(key, None)
 
     # -- the call path ------------------------------------------------------------------------------
 
@@ -146,12 +172,14 @@ class SluiceAdmission(CustomLogger):
             call = call_info(data, getattr(user_api_key_dict, "team_id", None),
                              getattr(user_api_key_dict, "user_id", None), data.get("litellm_call_id"), self._slo,
                              priority_ceiling(user_api_key_dict, self.settings.litellm_max_priority))
+            call = self._after_shed(call)
             verdict = self.router.decide(call.request())
             if isinstance(verdict, Redirect) and not (self._serves(verdict.pool)
                                                       and await self._key_may_call(user_api_key_dict, verdict.pool)):
                 # a pool this proxy has no model group for, or one the caller's key may not call: the move
                 # cannot happen, the shedding stands (and the events say so)
                 verdict = self.router.decider.reject(call.pool, verdict.reason)
+            self._remember(call, verdict)
             now_ms = int(time.time() * 1000)
             self.emitter.emit(event(call, "received", now_ms))
             self.emitter.emit(verdict_event(call, verdict, now_ms))

@@ -182,3 +182,35 @@ def test_close_stops_the_background_connects_and_the_emitter():
     connecting = asyncio.run(scenario())
     assert all(task.done() for task in connecting)
     assert h.emitter._task is None or h.emitter._task.done()
+
+
+def test_the_next_attempt_of_a_call_it_shed_is_a_retry_of_shed_work_not_a_budgeted_retry(monkeypatch):
+    """The hook never set ``after_shed``: work it shed came back (``x-sluice-attempt: 2``) counted against the
+    retry budget, and a pool recovered from its overload refused most of it (188 of 200, in review)."""
+    h = hook()
+    publish(h)
+    asked = []
+    decide = h.router.decide
+    monkeypatch.setattr(h.router, "decide", lambda request: asked.append(request) or decide(request))
+
+    def call(task: str, attempt: int, priority: str = "sheddable") -> dict:
+        return {"model": "hot", "litellm_call_id": f"{task}-{attempt}", "messages": [], "proxy_server_request": {
+            "headers": {"x-sluice-priority": priority, "x-sluice-task-id": task, "x-sluice-attempt": str(attempt)}}}
+
+    with pytest.raises(HTTPException):
+        asyncio.run(h.async_pre_call_hook(KEY, None, call("t1", 1), "acompletion"))
+    asyncio.run(h.async_pre_call_hook(KEY, None, call("t2", 1, "critical"), "acompletion"))
+    with pytest.raises(HTTPException):
+        asyncio.run(h.async_pre_call_hook(KEY, None, call("t1", 2), "acompletion"))
+    asyncio.run(h.async_pre_call_hook(KEY, None, call("t2", 2, "critical"), "acompletion"))
+    other_team = SimpleNamespace(team_id="team-b", user_id="u2")
+    asyncio.run(h.async_pre_call_hook(other_team, None, call("t1", 2, "critical"), "acompletion"))
+    assert [(r.retry, r.after_shed) for r in asked] == [(False, False), (False, False), (True, True), (True, False),
+                                                        (True, False)], "another tenant's t1 is not this one's"
+
+
+def test_invented_model_names_do_not_grow_the_hooks_memory():
+    h = hook()
+    for i in range(300):
+        asyncio.run(h.async_pre_call_hook(KEY, None, {"model": f"invented-{i}", "messages": []}, "acompletion"))
+    assert len(h.configs._cache) == 0
