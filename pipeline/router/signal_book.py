@@ -79,7 +79,10 @@ class SignalBook:
         if signal["valid_until"] < now_ms - self.max_skew_ms:
             return self._refuse("expired")
         pool = signal["pool"]
-        if current is not None and signal["seq"] <= current["seq"]:
+        # the seq must rise only while the held signal rules: one valid signal with an absurd seq (2^53 - 1)
+        # pinned the pool, every later signal refused as replayed, for good. An older signal of the same
+        # controller cannot displace a newer one this way: with the same validity_s, it expires first
+        if current is not None and signal["seq"] <= current["seq"] and now_ms <= current["valid_until"] + self.max_skew_ms:
             return self._refuse("replayed")
         if current is not None:
             del self.signals[pool]   # inserted again below, last: the dict is ordered by the newest accepted

@@ -477,3 +477,24 @@ def test_work_is_never_moved_to_its_own_pool_nor_to_a_pool_shedding_its_class():
         assert isinstance(verdict, Reject) and verdict.reason == "shed", (pool, verdict)
     assert decider.decide(Request("D", "standard", slo_ttft_s=2.0)) == Redirect("E"), "E has no signal: it may take it"
     assert decider.decide(Request("A", "critical", slo_ttft_s=2.0)) == ADMIT
+
+
+def test_a_signal_with_an_absurd_seq_rules_until_it_expires_not_for_good():
+    """A valid key holder's one signal with seq 2^53 - 1 refused every later signal as replayed, for good: an
+    hour of correct shedding signals afterwards, and the router admitted everything."""
+    import orjson
+
+    now_ms = 1_000_000_000
+    pinned, _ = signed(now_ms=now_ms)
+    body = orjson.loads(pinned)
+    for field in ("key_id", "signature"):
+        del body[field]
+    clock = Clock(now_ms / 1000)
+    book = book_with(sign(body | {"seq": 2**53 - 1}, "k1", KEYS["k1"]), clock=clock)
+    later = body | {"issued_at": now_ms + 1000, "valid_until": now_ms + 7000, "seq": now_ms + 1000}
+    clock.t = (now_ms + 1000) / 1000
+    assert not book.offer(sign(later, "k1", KEYS["k1"])), "while the held signal rules, the seq must rise"
+    after = body | {"issued_at": now_ms + 40_000, "valid_until": now_ms + 46_000, "seq": now_ms + 40_000,
+                    "state": "overloaded"}
+    clock.t = (now_ms + 40_000) / 1000   # the pinned one expired more than the skew allowance ago
+    assert book.offer(sign(after, "k1", KEYS["k1"])) and book.signals["p"]["state"] == "overloaded"
