@@ -53,6 +53,7 @@ class Decoded:
     events: list[Event] = field(default_factory=list)
     sources: list[Record] = field(default_factory=list)   # the record each event came from
     dead_letters: list[tuple[Record, bytes, bytes]] = field(default_factory=list)  # record, key, letter
+    redecided: list[int] = field(default_factory=list)   # indexes into dead_letters (decode_records' verdicts)
     reasons: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     newest_event_ms: int = 0
@@ -92,21 +93,24 @@ def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int
     the time bounds are the clock's, so a replay after a crash between the block's dead letters and its rows
     would judge again with a later clock — an event dead-lettered as ahead then landing as a row too, or one
     landed as valid then dead-lettered as too old into an insert the store drops as a repeat (in neither).
-    With them, a record is out of its time bounds exactly when its first landing said so, and its dead letter
-    keeps its first time (the store's day partition, where the repeat is dropped)."""
+    With them, a record is dead-lettered exactly when its first landing said so, for the reason it gave then,
+    and its dead letter keeps its first time (the store's day partition, where the repeat is dropped); one
+    the first landing took that now decodes as rejected (its limits changed with the restart) goes to
+    ``redecided``, which lands under a token of its own, as the block's own dead-letter insert is a repeat."""
     out = Decoded()
     for rec in records:
-        result = decode(cls, rec.value, rec.key, max_bytes)
         verdict = verdicts.get(rec.offset) if verdicts is not None else None
-        if not isinstance(result, Rejected):
-            if verdicts is None:
+        if verdict is not None:
+            result = Rejected(verdict[0], "dead-lettered when this block first landed (a replay keeps that)")
+        else:
+            result = decode(cls, rec.value, rec.key, max_bytes)
+            if verdicts is None and not isinstance(result, Rejected):
                 result = bounds.check(result.event_time, now_ms) or result
-            elif verdict is not None and verdict[0] in TimeBounds.TIME_REASONS:
-                result = Rejected(verdict[0], f"event_time {result.event_time} was out of the time bounds "
-                                              f"when this block first landed (a replay keeps that)")
         if isinstance(result, Rejected):
             key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
                                       rec.timestamp_ms, verdict[1] if verdict is not None else now_ms)
+            if verdicts is not None and verdict is None:
+                out.redecided.append(len(out.dead_letters))
             out.dead_letters.append((rec, key, letter))
             out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
             continue

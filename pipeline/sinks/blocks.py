@@ -55,6 +55,10 @@ class BlockOutcome:
     offsets: array = field(default_factory=lambda: array("q"), repr=False)  # of the records it lands
     opened_at: float = 0.0    # monotonic time it started accumulating (set by the sink)
     source_bytes: int = 0     # of the records it holds: what bounds its memory (oversize values are kept whole)
+    # a replayed block's: dead letters its first landing did not write (under their own token), and the
+    # first times of the rows the store refused then (their dead letters keep them, and their day partition)
+    redecided_rows: list[bytes] = field(default_factory=list)
+    refused_ms: dict[int, int] = field(default_factory=dict)
 
     def token(self, table: str) -> str:
         """Deterministic for the block, so a re-sent insert is dropped by the store. A block with holes
@@ -82,6 +86,7 @@ class BlockOutcome:
         self.rows += later.rows
         self.sources += later.sources
         self.dead_letter_rows += later.dead_letter_rows
+        self.redecided_rows += later.redecided_rows
         for reason, n in later.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + n
         self.duplicates += later.duplicates
@@ -96,6 +101,9 @@ class BlockOutcome:
 
     def landed_dead_letters(self) -> list[bytes]:
         return with_block(self.dead_letter_rows, self.start, self.end)
+
+    def landed_redecided(self) -> list[bytes]:
+        return with_block(self.redecided_rows, self.start, self.end)
 
 
 def event_time_text(ms: int) -> str:
@@ -144,7 +152,7 @@ def refused_by_store(out: BlockOutcome, index: int, detail: str, now_ms: int) ->
     """Row ``index`` of a block, which the store refused, as (dead-letter key, value, table row)."""
     rec = out.sources[index]
     key, letter = dead_letter(Rejected(STORE_REJECTED, detail[:1024]), rec.value, rec.key, rec.topic,
-                              rec.partition, rec.offset, rec.timestamp_ms, now_ms)
+                              rec.partition, rec.offset, rec.timestamp_ms, out.refused_ms.get(rec.offset, now_ms))
     return key, letter, with_block([dead_letter_row(letter, rec)], out.start, out.end)[0]
 
 
@@ -155,11 +163,14 @@ def process_block(cls: type, records: list[Record], max_bytes: int, now_ms: int,
     block's dead letters as it first landed, ``decode_records``)."""
     first = records[0]
     decoded = decode_records(cls, records, max_bytes, now_ms, seen, bounds, verdicts)
+    redecided = set(decoded.redecided)
+    letters = [dead_letter_row(letter, rec) for rec, _, letter in decoded.dead_letters]
     return BlockOutcome(
         TABLE_OF[cls], first.topic, first.partition, first.offset, records[-1].offset,
         rows=[row(event, rec) for event, rec in zip(decoded.events, decoded.sources)],
         sources=decoded.sources,
-        dead_letter_rows=[dead_letter_row(letter, rec) for rec, _, letter in decoded.dead_letters],
+        dead_letter_rows=[r for i, r in enumerate(letters) if i not in redecided],
+        redecided_rows=[r for i, r in enumerate(letters) if i in redecided],
         reasons=decoded.reasons, duplicates=decoded.duplicates, newest_event_ms=decoded.newest_event_ms,
         oldest_event_ms=decoded.oldest_event_ms, offsets=array("q", [r.offset for r in records]),
         source_bytes=sum(len(r.value or b"") + len(r.key or b"") for r in records))
@@ -180,10 +191,12 @@ class PartitionCursor:
 
     def __init__(self, landed: list[tuple[int, int]] | None = None, replay: tuple[int, int] | None = None,
                  landed_by_others: list[tuple[int, int]] | None = None,
-                 replay_verdicts: Mapping[int, tuple[str, int]] | None = None) -> None:
+                 replay_verdicts: Mapping[int, tuple[str, int]] | None = None,
+                 replay_refused_ms: Mapping[int, int] | None = None) -> None:
         self.landed = list(landed or ())
         self.replay = replay
         self.replay_verdicts = dict(replay_verdicts) if replay_verdicts is not None else None   # None: unknown
+        self.replay_refused_ms = dict(replay_refused_ms or {})
         # what other blocks landed inside the replayed one's range (a block cut after an earlier restart):
         # the replay repeats exactly what it held the first time
         self.landed_by_others = list(landed_by_others or ())
@@ -242,6 +255,7 @@ def cut_blocks(cls: type, records: list[Record], cursor: PartitionCursor, max_by
             block = process_block(cls, kept, max_bytes, now_ms, seen, bounds, cursor.replay_verdicts) if kept \
                 else BlockOutcome(TABLE_OF[cls], run[0].topic, run[0].partition, replay[0], replay[1])
             block.start, block.end, block.sealed, block.holes = replay[0], replay[1], True, len(kept) < len(run)
+            block.refused_ms = cursor.replay_refused_ms
             out.append(block)
             continue
         kept = cursor.unlanded(run)

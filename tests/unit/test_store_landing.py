@@ -205,8 +205,9 @@ def test_a_block_cut_between_its_dead_letters_and_its_rows_replays_with_its_firs
     store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))
     # the crash: no rows, no commit; a new owner resumes from offset 0, a while later
     last = positions.last_block(store, "request_events", "raw", 0, 0)
-    verdicts = positions.replay_verdicts(store, "raw", 0, last[0])
+    verdicts, refused = positions.replay_verdicts(store, "raw", 0, last)
     assert last == (0, 4) and verdicts == {0: ("event_time_ahead", now), 4: ("event_time_too_old", now)}
+    assert refused == {}
     cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts)
     (again,) = cut_blocks(RequestEvent, records, cursor, 1 << 20, now + later_s * 1000, bounds=bounds)
     assert again.token("request_events") == first.token("request_events")
@@ -220,3 +221,74 @@ def test_a_block_cut_between_its_dead_letters_and_its_rows_replays_with_its_firs
         blind = PartitionCursor([], last, [])
         (judged,) = cut_blocks(RequestEvent, records, blind, 1 << 20, now + later_s * 1000, bounds=bounds)
         assert [r.offset for r in judged.sources] == [0, 2, 3]
+
+
+@pytest.mark.parametrize("first_max,restart_max", [(600, 1 << 20), (1 << 20, 600)])
+def test_a_replay_keeps_every_verdict_when_the_limits_changed_with_the_restart(store, first_max, restart_max):
+    """Not only the time bounds: a record dead-lettered as oversize at first and valid with the restart's
+    limit landed as a row beside its dead letter; one taken at first and oversize now was dead-lettered into
+    the block's repeated insert, which the store dropped (in neither). Found in review."""
+    events = [request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase="completed") for i in range(3)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e) + (b" " * 500 if i == 1 else b""))
+               for i, e in enumerate(events)] + [Record("raw", 0, 3, None, b"k", b"{nope")]
+    first = process_block(RequestEvent, records, first_max, 0)
+    store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))   # the crash
+    last = positions.last_block(store, "request_events", "raw", 0, 0)
+    verdicts, refused = positions.replay_verdicts(store, "raw", 0, last)
+    cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts)
+    (again,) = cut_blocks(RequestEvent, records, cursor, restart_max, 0)
+    land(store, again)
+    if again.redecided_rows:   # as the sink lands them: under a token of their own
+        store.insert("dead_letters", b"\n".join(again.landed_redecided()), again.token("dead_letters") + "#redecided")
+    rows = {r["source_offset"] for r in store.query("SELECT source_offset FROM request_events")}
+    letters = [r["source_offset"] for r in store.query("SELECT source_offset FROM dead_letters")]
+    assert sorted(rows) == [0, 2], "offset 1 is a dead letter either way: oversize when it first landed, or now"
+    assert sorted(rows | set(letters)) == [0, 1, 2, 3] and not rows & set(letters) and len(letters) == len(set(letters))
+
+
+def test_a_row_the_store_refused_keeps_its_dead_letters_first_time_when_replayed_a_day_later(store, monkeypatch):
+    """The landing path dead-letters a row the store refuses (``store_rejected``) with the clock's time; a
+    replay a day later wrote that dead letter again, into the next day's partition, where neither the
+    token nor a merge drops it. Found in review."""
+    import asyncio
+    import time as real_time
+    import types
+
+    from pipeline.settings import load_settings
+    from pipeline.sinks import block_sink
+    from pipeline.sinks.block_sink import BlockSink
+    from pipeline.sinks.store import StoreRejected
+
+    inserted = store.insert
+
+    def insert(table, rows, token=None):
+        if table == "request_events" and b'"task_id":"t-2"' in rows:
+            raise StoreRejected("Cannot parse input: a poisoned row (simulated)")
+        return inserted(table, rows, token)
+
+    monkeypatch.setattr(store, "insert", insert)
+    first = float(int(real_time.time()) // 86400 * 86400 - 3600)   # 23:00 UTC yesterday
+    clock = {"now": first}
+    monkeypatch.setattr(block_sink, "time", types.SimpleNamespace(
+        time=lambda: clock["now"], monotonic=real_time.monotonic, perf_counter=real_time.perf_counter))
+    events = [request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase="completed",
+                            event_time=int(first * 1000)) for i in range(5)]
+    records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    settings = load_settings(env={}, sink_block_age_s=0, max_event_age_s=0)
+
+    async def send(key, value):
+        pass
+
+    async def land_from_zero(later_s):   # a new owner each time, resuming from offset 0 (no commit landed)
+        clock["now"] = first + later_s
+        sink = BlockSink(settings, store, send)
+        await sink.resume(RequestEvent, "raw", 0, 0)
+        sink.add(RequestEvent, records, int(clock["now"] * 1000))
+        return await sink.flush()
+
+    asyncio.run(land_from_zero(0))
+    asyncio.run(land_from_zero(86_400))
+    letters = store.query("SELECT source_offset, reason, _partition_id AS day FROM dead_letters")
+    assert [(r["source_offset"], r["reason"]) for r in letters] == [(2, "store_rejected")], letters
+    rows, = store.query("SELECT count() AS n FROM request_events")
+    assert rows["n"] == 4
