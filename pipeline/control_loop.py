@@ -142,7 +142,9 @@ class ControlLoop:
             self.pictures[pool] = picture
             out.pictures.append(picture)
         self.changed = failing
-        everyone = {**fleet, **self.pictures}
+        # this worker's own pools count by their own pictures only: one whose picture failed this tick must not
+        # stay a redirect target through the copy of its last picture read back from the load topic
+        everyone = {**{p: v for p, v in fleet.items() if p not in self.states}, **self.pictures}
         for pool, picture in self.pictures.items():
             models = set(picture.get("models", ()))
             siblings = [p for other, p in everyone.items() if other != pool and models & set(p.get("models", ()))]

@@ -106,6 +106,17 @@ def test_a_pool_whose_picture_raises_costs_only_that_pools_signal(monkeypatch):
         assert step.failed == [("bad", "ValueError: cannot merge sketches with different alpha")]
     assert "bad" not in control.pictures, "no decision on its old picture, and no redirect target"
     assert [s.pool for s in control.step(now + 3000).signals] == ["good"], "the heartbeat: good's only"
+    # nor through its last picture read back from the load topic (the worker passes those in as the fleet)
+    import pipeline.control_loop as control_loop_module
+
+    offered = []
+    real = control_loop_module.decide
+    monkeypatch.setattr(control_loop_module, "decide", lambda picture, before, policy, now_ms, siblings=():
+                        offered.append([s["pool"] for s in siblings]) or real(picture, before, policy, now_ms, siblings))
+    old_bad = dict(control.pictures["good"], pool="bad")
+    control.merge(partial_for("good", now + 3100, 4))
+    control.step(now + 3200, {"bad": old_bad, "elsewhere": dict(old_bad, pool="elsewhere")})
+    assert offered == [["elsewhere"]], offered
 
 
 def test_a_sketch_stage_1_could_not_have_written_refuses_its_partial():
