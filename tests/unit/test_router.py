@@ -468,8 +468,9 @@ def test_work_is_never_moved_to_its_own_pool_nor_to_a_pool_shedding_its_class():
 
     import orjson
 
+    half = dict(shed, standard=0.5)
     book = book_with(body("A", "B", shed), body("B", "A", shed), body("C", "C", shed), body("D", "E", shed),
-                     clock=Clock(now_ms / 1000))
+                     body("F", "G", shed), body("G", "A", half), clock=Clock(now_ms / 1000))
     assert book.refused == {}, book.refused
     decider = Decider(book, seed=1, clock=Clock(now_ms / 1000))
     for pool in ("A", "B", "C"):
@@ -477,6 +478,10 @@ def test_work_is_never_moved_to_its_own_pool_nor_to_a_pool_shedding_its_class():
         assert isinstance(verdict, Reject) and verdict.reason == "shed", (pool, verdict)
     assert decider.decide(Request("D", "standard", slo_ttft_s=2.0)) == Redirect("E"), "E has no signal: it may take it"
     assert decider.decide(Request("A", "critical", slo_ttft_s=2.0)) == ADMIT
+    # into a pool admitting half of the class, about half of it moves: as that pool's own requests are admitted
+    moved = [decider.decide(Request("F", "standard", slo_ttft_s=2.0)) for _ in range(2000)]
+    assert 0.45 < sum(v == Redirect("G") for v in moved) / 2000 < 0.55
+    assert all(v == Redirect("G") or isinstance(v, Reject) for v in moved)
 
 
 def test_a_signal_with_an_absurd_seq_rules_until_it_expires_not_for_good():
