@@ -111,7 +111,7 @@ class BlockSink:
     async def _land_block(self, block: BlockOutcome) -> None:
         started = time.perf_counter()
         await self._land_dead_letters(block.landed_dead_letters(), block.token(DEAD_LETTER_TABLE))
-        if block.redecided_rows:
+        if block.redecided_rows and not block.rows_held:   # held: each of its records is a row or a letter already
             await self._land_dead_letters(block.landed_redecided(), f"{block.token(DEAD_LETTER_TABLE)}#redecided")
         rows, token = block.landed_rows(), block.token(block.table)
         try:
@@ -198,9 +198,9 @@ class BlockSink:
             ids = await self.sink.call("resume", positions.recent_ids, self.store, table, topic, partition,
                                        s.dedup_recent_ids, last[0] if last else None)
             self.recent_ids[where] = RecentIds(s.dedup_recent_ids, ids)
-        verdicts, refused = await self.sink.call("resume", positions.replay_verdicts, self.store, topic, partition,
-                                                 last) if last else ({}, {})
-        self.cursors[where] = PartitionCursor(landed, last, others, verdicts, refused)
+        verdicts, refused, rows_held = await self.sink.call(
+            "resume", positions.replay_verdicts, self.store, table, topic, partition, last) if last else ({}, {}, False)
+        self.cursors[where] = PartitionCursor(landed, last, others, verdicts, refused, rows_held)
         if landed:
             log.info("landing resumes %s/%d at %d; the store holds %d offset run(s) after it, up to %d",
                      topic, partition, committed, len(landed), landed[-1][1])

@@ -59,6 +59,7 @@ class BlockOutcome:
     # first times of the rows the store refused then (their dead letters keep them, and their day partition)
     redecided_rows: list[bytes] = field(default_factory=list)
     refused_ms: dict[int, int] = field(default_factory=dict)
+    rows_held: bool = False   # a replayed block whose rows the store holds: nothing of it is redecided
 
     def token(self, table: str) -> str:
         """Deterministic for the block, so a re-sent insert is dropped by the store. A block with holes
@@ -192,11 +193,12 @@ class PartitionCursor:
     def __init__(self, landed: list[tuple[int, int]] | None = None, replay: tuple[int, int] | None = None,
                  landed_by_others: list[tuple[int, int]] | None = None,
                  replay_verdicts: Mapping[int, tuple[str, int]] | None = None,
-                 replay_refused_ms: Mapping[int, int] | None = None) -> None:
+                 replay_refused_ms: Mapping[int, int] | None = None, replay_rows_held: bool = False) -> None:
         self.landed = list(landed or ())
         self.replay = replay
         self.replay_verdicts = dict(replay_verdicts) if replay_verdicts is not None else None   # None: unknown
         self.replay_refused_ms = dict(replay_refused_ms or {})
+        self.replay_rows_held = replay_rows_held
         # what other blocks landed inside the replayed one's range (a block cut after an earlier restart):
         # the replay repeats exactly what it held the first time
         self.landed_by_others = list(landed_by_others or ())
@@ -255,7 +257,7 @@ def cut_blocks(cls: type, records: list[Record], cursor: PartitionCursor, max_by
             block = process_block(cls, kept, max_bytes, now_ms, seen, bounds, cursor.replay_verdicts) if kept \
                 else BlockOutcome(TABLE_OF[cls], run[0].topic, run[0].partition, replay[0], replay[1])
             block.start, block.end, block.sealed, block.holes = replay[0], replay[1], True, len(kept) < len(run)
-            block.refused_ms = cursor.replay_refused_ms
+            block.refused_ms, block.rows_held = cursor.replay_refused_ms, cursor.replay_rows_held
             out.append(block)
             continue
         kept = cursor.unlanded(run)

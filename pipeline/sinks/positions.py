@@ -57,23 +57,25 @@ def last_block(store: Store, table: str, topic: str, partition: int, since: int)
     return (int(rows[0]["block_start"]), int(rows[0]["block_end"])) if rows else None
 
 
-def replay_verdicts(store: Store, topic: str, partition: int,
-                    block: tuple[int, int]) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:
+def replay_verdicts(store: Store, table: str, topic: str, partition: int,
+                    block: tuple[int, int]) -> tuple[dict[int, tuple[str, int]], dict[int, int], bool]:
     """The dead letters of the landed ``block`` (start, end) the replay repeats: source offset → (reason, epoch
-    ms) of each record it dead-lettered as it decoded, and source offset → epoch ms of each row the store
-    refused then (those decode as rows again, and are refused again)."""
+    ms) of each record it dead-lettered as it decoded, source offset → epoch ms of each row the store
+    refused then (those decode as rows again, and are refused again), and whether ``table`` holds its rows
+    (then every record of it is a row or a dead letter already)."""
     start, end = int(block[0]), int(block[1])
+    where = f"{_where(topic, partition)} AND source_offset BETWEEN {start} AND {end} AND block_start = {start}"
+    held, = store.query(f"SELECT count() > 0 AS held FROM {table} WHERE {where}")
     rows = store.query(
         "SELECT source_offset, any(reason) AS first_reason, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
-        f"FROM {DEAD_LETTER_TABLE} WHERE {_where(topic, partition)} AND source_offset BETWEEN {start} AND {end} "
-        f"AND block_start = {start} GROUP BY source_offset, reason = '{STORE_REJECTED}'")
+        f"FROM {DEAD_LETTER_TABLE} WHERE {where} GROUP BY source_offset, reason = '{STORE_REJECTED}'")
     verdicts, refused = {}, {}
     for r in rows:
         if r["first_reason"] == STORE_REJECTED:
             refused[int(r["source_offset"])] = int(r["first_ms"])
         else:
             verdicts[int(r["source_offset"])] = (r["first_reason"], int(r["first_ms"]))
-    return verdicts, refused
+    return verdicts, refused, bool(held["held"])
 
 
 def recent_ids(store: Store, table: str, topic: str, partition: int, limit: int,

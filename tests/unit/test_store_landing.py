@@ -205,8 +205,8 @@ def test_a_block_cut_between_its_dead_letters_and_its_rows_replays_with_its_firs
     store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))
     # the crash: no rows, no commit; a new owner resumes from offset 0, a while later
     last = positions.last_block(store, "request_events", "raw", 0, 0)
-    verdicts, refused = positions.replay_verdicts(store, "raw", 0, last)
-    assert last == (0, 4) and verdicts == {0: ("event_time_ahead", now), 4: ("event_time_too_old", now)}
+    verdicts, refused, held = positions.replay_verdicts(store, "request_events", "raw", 0, last)
+    assert not held and last == (0, 4) and verdicts == {0: ("event_time_ahead", now), 4: ("event_time_too_old", now)}
     assert refused == {}
     cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts)
     (again,) = cut_blocks(RequestEvent, records, cursor, 1 << 20, now + later_s * 1000, bounds=bounds)
@@ -223,8 +223,10 @@ def test_a_block_cut_between_its_dead_letters_and_its_rows_replays_with_its_firs
         assert [r.offset for r in judged.sources] == [0, 2, 3]
 
 
+@pytest.mark.parametrize("rows_landed", [False, True])
 @pytest.mark.parametrize("first_max,restart_max", [(600, 1 << 20), (1 << 20, 600)])
-def test_a_replay_keeps_every_verdict_when_the_limits_changed_with_the_restart(store, first_max, restart_max):
+def test_a_replay_keeps_every_verdict_when_the_limits_changed_with_the_restart(store, first_max, restart_max,
+                                                                              rows_landed):
     """Not only the time bounds: a record dead-lettered as oversize at first and valid with the restart's
     limit landed as a row beside its dead letter; one taken at first and oversize now was dead-lettered into
     the block's repeated insert, which the store dropped (in neither). Found in review."""
@@ -232,17 +234,22 @@ def test_a_replay_keeps_every_verdict_when_the_limits_changed_with_the_restart(s
     records = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e) + (b" " * 500 if i == 1 else b""))
                for i, e in enumerate(events)] + [Record("raw", 0, 3, None, b"k", b"{nope")]
     first = process_block(RequestEvent, records, first_max, 0)
-    store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))   # the crash
+    store.insert("dead_letters", b"\n".join(first.landed_dead_letters()), first.token("dead_letters"))
+    if rows_landed:   # the crash after the rows too, before the commit (the common one)
+        store.insert("request_events", b"\n".join(first.landed_rows()), first.token("request_events"))
     last = positions.last_block(store, "request_events", "raw", 0, 0)
-    verdicts, refused = positions.replay_verdicts(store, "raw", 0, last)
-    cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts)
+    verdicts, refused, held = positions.replay_verdicts(store, "request_events", "raw", 0, last)
+    assert held == rows_landed
+    cursor = PartitionCursor(positions.landed_ranges(store, "request_events", "raw", 0, 0), last, [], verdicts,
+                             refused, held)
     (again,) = cut_blocks(RequestEvent, records, cursor, restart_max, 0)
     land(store, again)
-    if again.redecided_rows:   # as the sink lands them: under a token of their own
+    if again.redecided_rows and not again.rows_held:   # as the sink lands them: under a token of their own
         store.insert("dead_letters", b"\n".join(again.landed_redecided()), again.token("dead_letters") + "#redecided")
     rows = {r["source_offset"] for r in store.query("SELECT source_offset FROM request_events")}
     letters = [r["source_offset"] for r in store.query("SELECT source_offset FROM dead_letters")]
-    assert sorted(rows) == [0, 2], "offset 1 is a dead letter either way: oversize when it first landed, or now"
+    assert sorted(rows) == ([0, 1, 2] if rows_landed and first_max > restart_max else [0, 2]), \
+        "offset 1: a row if its first landing took it and its rows landed, else a dead letter"
     assert sorted(rows | set(letters)) == [0, 1, 2, 3] and not rows & set(letters) and len(letters) == len(set(letters))
 
 
