@@ -49,6 +49,7 @@ class CallInfo:
     slo_tpot_s: float
     final: bool = False   # the task's last step and try, as far as the caller said
     after_shed: bool = False   # a later attempt of a task admission shed (the hook remembers which)
+    task_named: bool = False   # the caller named the task (else its id is the call's own, never seen again)
 
     def request(self) -> Request:
         return Request(self.pool, self.priority, continuing=self.step > 0, retry=self.attempt > 1,
@@ -142,7 +143,7 @@ def call_info(data: Mapping[str, Any], team_id: Any, user_id: Any, call_id: str,
                     attempt=_count(_lookup(data, "attempt"), 1, 1), step=_count(_lookup(data, "step"), 0, 0),
                     tenant=_name(team_id, 64) or _name(user_id, 64) or "default", priority=priority, pool=pool,
                     model=model, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
-                    final=final if final is not None else task_id is None)
+                    final=final if final is not None else task_id is None, task_named=task_id is not None)
 
 
 def event(call: CallInfo, phase: str, now_ms: int, **fields: Any) -> dict:

@@ -148,13 +148,17 @@ class SluiceAdmission(CustomLogger):
         return call
 
     def _remember(self, call: CallInfo, verdict: Any) -> None:
+        """Only tasks the caller named (a call's own id never comes back, and would push the others out); a
+        task is forgotten when its retry of shed work goes through, not when a parallel call of it does."""
+        if not call.task_named:
+            return
         key = (call.tenant, call.task_id)
         if isinstance(verdict, (Reject, Defer)):
             self._shed[key] = None
             self._shed.move_to_end(key)
             if len(self._shed) > MAX_SHED_TASKS:
                 self._shed.popitem(last=False)
-        else:
+        elif call.after_shed:
             self._shed.pop(key, None)
 
     # -- the call path ------------------------------------------------------------------------------

@@ -207,6 +207,12 @@ def test_the_next_attempt_of_a_call_it_shed_is_a_retry_of_shed_work_not_a_budget
     asyncio.run(h.async_pre_call_hook(other_team, None, call("t1", 2, "critical"), "acompletion"))
     assert [(r.retry, r.after_shed) for r in asked] == [(False, False), (False, False), (True, True), (True, False),
                                                         (True, False)], "another tenant's t1 is not this one's"
+    # a parallel call of t1 going through does not make the hook forget it; calls without a task id are not kept
+    asyncio.run(h.async_pre_call_hook(KEY, None, call("t1", 1, "critical"), "acompletion"))
+    for i in range(50):
+        with pytest.raises(HTTPException):
+            pre_call(h, "sheddable")
+    assert list(h._shed) == [("team-a", "t1")]
 
 
 def test_invented_model_names_do_not_grow_the_hooks_memory():
