@@ -103,7 +103,7 @@ class Decider:
         admitted by a move into a pool that was shedding it. Requiring the target to admit the class in full
         instead cost two-pools 0.5% of SLO-goodput on every seed (a sibling briefly trimming a class)."""
         options = [r for r in signal["redirect"] if (slo is None or r["cold_prefill_cost_s"] < slo)
-                   and r["pool"] != request.pool and self._admits(r["pool"], request.priority, now_ms) > 0.0]
+                   and r["pool"] != request.pool and self._admits(r["pool"], request, now_ms) > 0.0]
         if request.model is not None and options and "redirect_models" in signal:
             serving = {e["pool"] for e in signal["redirect_models"] if request.model in e["models"]}
             options = [r for r in options if r["pool"] in serving]
@@ -114,15 +114,19 @@ class Decider:
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             target = options[min(pick, len(options) - 1)]["pool"]
-            admits = self._admits(target, request.priority, now_ms)
+            admits = self._admits(target, request, now_ms)
             if admits >= 1.0 or self.rng.random() < admits:
                 return Redirect(target, reason)
         return self._reject(signal, reason)
 
-    def _admits(self, pool: str, priority: str, now_ms: float) -> float:
-        """The share of ``priority`` that ``pool``'s own signal admits: 1 when this router holds no valid one."""
+    def _admits(self, pool: str, request: Request, now_ms: float) -> float:
+        """The share of the request's class (continuing or not) that ``pool``'s own signal admits, as this
+        router obeys it (through the fail-static grace); 1 when it holds none it still obeys."""
         target = self.book.current(pool, now_ms)
-        return 1.0 if target is None or now_ms > target["valid_until"] else target["admit_fraction"][priority]
+        if target is None or now_ms > target["valid_until"] + self.fallback_static_ms:
+            return 1.0
+        kind = "continuing_task_admit_fraction" if request.continuing else "admit_fraction"
+        return target[kind][request.priority]
 
     def _reject(self, signal: dict, reason: str) -> Reject:
         return Reject(self._spread(signal["defer"]["retry_after_s"]), reason)

@@ -58,7 +58,10 @@ class RouterClient:
         try:
             await read_to_end(consumer, ends, self._absorb)
         except BaseException:
-            await consumer.stop()
+            try:
+                await consumer.stop()
+            except Exception:   # the original error (a cancellation above all) is the one that goes on
+                pass
             raise
         self._consumer = consumer
 
@@ -83,6 +86,8 @@ class RouterClient:
                 self._absorb(await self._consumer.getmany(timeout_ms=500))
                 delay = 1.0
             except Exception as exc:
+                if asyncio.current_task().cancelling():   # stop() while reconnecting: an error in the way out
+                    raise
                 ROUTER_FOLLOW_ERRORS.inc()
                 log.warning("router: following %s failed (%s: %.200s); reading it again in %.0f s",
                             topics.ADMISSION.name(self.settings), type(exc).__name__, exc, delay)

@@ -80,9 +80,11 @@ class SignalBook:
             return self._refuse("expired")
         pool = signal["pool"]
         # the seq must rise only while the held signal rules: one valid signal with an absurd seq (2^53 - 1)
-        # pinned the pool, every later signal refused as replayed, for good. An older signal of the same
-        # controller cannot displace a newer one this way: with the same validity_s, it expires first
-        if current is not None and signal["seq"] <= current["seq"] and now_ms <= current["valid_until"] + self.max_skew_ms:
+        # pinned the pool, every later signal refused as replayed, for good. After it, a signal with a lower
+        # seq is taken only if issued later, so a captured older one (valid longer, validity_s lowered since)
+        # cannot roll the pool back
+        if current is not None and signal["seq"] <= current["seq"] and (
+                now_ms <= current["valid_until"] + self.max_skew_ms or signal["issued_at"] <= current["issued_at"]):
             return self._refuse("replayed")
         if current is not None:
             del self.signals[pool]   # inserted again below, last: the dict is ordered by the newest accepted

@@ -478,6 +478,9 @@ def test_work_is_never_moved_to_its_own_pool_nor_to_a_pool_shedding_its_class():
         assert isinstance(verdict, Reject) and verdict.reason == "shed", (pool, verdict)
     assert decider.decide(Request("D", "standard", slo_ttft_s=2.0)) == Redirect("E"), "E has no signal: it may take it"
     assert decider.decide(Request("A", "critical", slo_ttft_s=2.0)) == ADMIT
+    # a target whose own signal expired but is still obeyed (the fail-static grace) sheds moved work too
+    grace = Decider(book, seed=1, clock=Clock(now_ms / 1000 + 20))
+    assert isinstance(grace.decide(Request("A", "standard", slo_ttft_s=2.0)), Reject)
     # into a pool admitting half of the class, about half of it moves: as that pool's own requests are admitted
     moved = [decider.decide(Request("F", "standard", slo_ttft_s=2.0)) for _ in range(2000)]
     assert 0.45 < sum(v == Redirect("G") for v in moved) / 2000 < 0.55
@@ -502,4 +505,8 @@ def test_a_signal_with_an_absurd_seq_rules_until_it_expires_not_for_good():
     after = body | {"issued_at": now_ms + 40_000, "valid_until": now_ms + 46_000, "seq": now_ms + 40_000,
                     "state": "overloaded"}
     clock.t = (now_ms + 40_000) / 1000   # the pinned one expired more than the skew allowance ago
+    # a captured signal issued before the held one (valid longer: validity_s lowered since) cannot roll it back
+    captured = body | {"issued_at": now_ms - 1000, "valid_until": now_ms + 59_000, "seq": now_ms - 1000,
+                       "state": "ok"}
+    assert not book.offer(sign(captured, "k1", KEYS["k1"]))
     assert book.offer(sign(after, "k1", KEYS["k1"])) and book.signals["p"]["state"] == "overloaded"

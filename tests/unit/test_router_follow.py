@@ -62,3 +62,45 @@ def test_one_consumer_error_does_not_stop_a_router_following_signals(monkeypatch
     asyncio.run(scenario())
     assert len(opened_consumers) == 2 and opened_consumers[0].stopped, "the failed consumer is closed, a new one read"
     assert metrics.ROUTER_FOLLOW_ERRORS._value.get() == errors + 1
+
+
+def test_stop_during_a_reconnect_stops_the_router_even_when_the_broken_consumer_fails_to_stop(monkeypatch):
+    """A cancellation met inside the reconnect, where the old consumer's stop() raised, turned into that error:
+    the follow loop caught it and went on opening consumers, and stop() never returned. Found in review."""
+    import pipeline.topic_reader as topic_reader
+
+    opened: list = []
+
+    class Broken:
+        def __init__(self):
+            opened.append(self)
+
+        async def getmany(self, timeout_ms=0):
+            await asyncio.sleep(0.01)   # a fetch waits for records
+            raise RuntimeError("fetch refused")
+
+        async def stop(self):
+            raise RuntimeError("connection already broken")
+
+    async def open_from_beginning(*args, **kwargs):
+        return Broken(), {}
+
+    reread = asyncio.Event()
+
+    async def read_to_end(consumer, ends, absorb):
+        if len(opened) > 1:   # the re-read, slow (a large topic): stop() comes while it is under way
+            reread.set()
+            await asyncio.Event().wait()
+
+    monkeypatch.setattr(topic_reader, "open_from_beginning", open_from_beginning)
+    monkeypatch.setattr(topic_reader, "read_to_end", read_to_end)
+    client = RouterClient(load_settings(env={}), "127.0.0.1:1", KEYS)
+
+    async def scenario():
+        await client.start()
+        await asyncio.wait_for(reread.wait(), 10)
+        await asyncio.wait_for(client.stop(), 5)
+        return client._task.done()
+
+    assert asyncio.run(scenario())
+    assert len(opened) == 2
