@@ -110,6 +110,9 @@ class AdmissionConfig:
     # publish redirect_cache_loss_fraction with redirects (the source's cached share: what a move loses); off
     # while routers from before session 7, which refuse any signal with a member they do not know, remain
     redirect_cache_loss: bool = True
+    # publish redirect_models with redirects (which models each target serves); off, likewise, while routers
+    # from before session 7 remain: it rides on every signal that offers a move
+    redirect_models: bool = True
     reason_threshold: float = 0.8         # axes at or over this pressure are named in reasons
     # Axes that drive admission; the others are still reported in every signal. Left out by default:
     # cost — shedding lowers successful tasks, so it cannot lower cost per successful task; errors — a
@@ -506,7 +509,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         # (no loss is known, which is not none). Informational, so not in ROUTED_MEMBERS: it rides on the
         # signals the routed members or the heartbeat send
         signal["redirect_cache_loss_fraction"] = round(share, 2)
-    if signal["redirect"]:   # which models each move can take: a target may share one of the source's models
+    if cfg.redirect_models and signal["redirect"]:   # which models each move can take
         models = set(picture.get("models", ()))
         shared = {sib["pool"]: sorted(models & set(sib.get("models", ()))) for sib in siblings}
         signal["redirect_models"] = [{"pool": r["pool"], "models": shared.get(r["pool"], [])}

@@ -100,5 +100,6 @@ def parse_dcgm(text: str) -> dict[str, float]:
     for field, (name, how) in DCGM.items():
         values = samples.get(name)
         if values:
-            out[field] = min(1.0, sum(values) / len(values) / 100) if how == "mean_percent" else sum(values)
-    return _checked(out)
+            out[field] = sum(values) / len(values) / 100 if how == "mean_percent" else sum(values)
+    _checked(out)   # before the clamp, which made NaN or +Inf utilisation read 1.0
+    return {field: min(1.0, value) if DCGM[field][1] == "mean_percent" else value for field, value in out.items()}

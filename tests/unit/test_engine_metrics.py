@@ -42,3 +42,12 @@ def test_the_collector_counts_such_a_scrape_as_failed_and_goes_on(monkeypatch, t
     assert collector.failures_in_a_row == 3 and [s["healthy"] for s in samples] == [True, True, False]
     monkeypatch.setattr(collector, "_fetch", lambda url: exposition())
     assert collector.collect(1_700_000_001_000)["healthy"] and collector.failures_in_a_row == 0
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf"])
+def test_non_finite_gpu_utilisation_fails_the_dcgm_scrape_before_the_clamp(value):
+    from pipeline.collectors.engine_metrics import parse_dcgm
+
+    with pytest.raises(ScrapeError):
+        parse_dcgm(f'# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{{gpu="0"}} {value}\n')
+    assert parse_dcgm('# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{gpu="0"} 150\n') == {"gpu_util": 1.0}
