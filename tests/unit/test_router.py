@@ -442,6 +442,13 @@ def test_a_request_is_moved_only_to_a_pool_that_serves_its_model(monkeypatch, pr
     assert chat == (Redirect("q") if predates else Reject(chat.retry_after_s, "shed"))
     assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0, model="m-code")) == Redirect("q")
     assert decider.decide(Request("p", "sheddable", slo_ttft_s=5.0)) == Redirect("q")
+    # off, for routers from before session 7 (they refuse any member they do not know)
+    off = Decision("p")
+    for tick in range(10):
+        hot = picture("p", watermark=now_ms + tick, demand=3.0) | {"models": ["m-chat", "m-code"]}
+        off = decide(hot, off, AdmissionConfig(redirect_models=False), now_ms + tick,
+                     siblings=[picture("q", demand=0.1) | {"models": ["m-code", "m-other"]}])
+    assert off.signal["redirect"] and "redirect_models" not in off.signal
 
 
 def test_no_redirect_no_redirect_models():
