@@ -102,8 +102,9 @@ class Decider:
         holding a stale signal fail-static) offered each other, so moved work went round between them, or was
         admitted by a move into a pool that was shedding it. Requiring the target to admit the class in full
         instead cost two-pools 0.5% of SLO-goodput on every seed (a sibling briefly trimming a class)."""
-        options = [r for r in signal["redirect"] if (slo is None or r["cold_prefill_cost_s"] < slo)
-                   and r["pool"] != request.pool and self._admits(r["pool"], request, now_ms) > 0.0]
+        admits = {r["pool"]: self._admits(r["pool"], request, now_ms) for r in signal["redirect"]
+                  if (slo is None or r["cold_prefill_cost_s"] < slo) and r["pool"] != request.pool}
+        options = [r for r in signal["redirect"] if admits.get(r["pool"], 0.0) > 0.0]
         if request.model is not None and options and "redirect_models" in signal:
             serving = {e["pool"] for e in signal["redirect_models"] if request.model in e["models"]}
             options = [r for r in options if r["pool"] in serving]
@@ -114,8 +115,7 @@ class Decider:
                 cumulative.append(total)
             pick = bisect.bisect_right(cumulative, self.rng.random() * total)
             target = options[min(pick, len(options) - 1)]["pool"]
-            admits = self._admits(target, request, now_ms)
-            if admits >= 1.0 or self.rng.random() < admits:
+            if admits[target] >= 1.0 or self.rng.random() < admits[target]:
                 return Redirect(target, reason)
         return self._reject(signal, reason)
 

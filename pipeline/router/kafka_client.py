@@ -26,6 +26,14 @@ CONTROLLERS_ROOM_FOR = 10   # the signal book has room for this many controllers
 FOLLOW_RETRY_MAX_S = 30.0   # the longest back-off before a router reads the admission topic again
 
 
+async def _stop_quietly(consumer: Any) -> None:
+    """Stop a consumer that failed: it may fail to stop too, and it is dropped either way."""
+    try:
+        await consumer.stop()
+    except Exception:
+        pass
+
+
 class RouterClient:
     """Follows sluice.admission.v1 and answers ``decide`` from memory (no I/O per request)."""
 
@@ -58,10 +66,7 @@ class RouterClient:
         try:
             await read_to_end(consumer, ends, self._absorb)
         except BaseException:
-            try:
-                await consumer.stop()
-            except Exception:   # the original error (a cancellation above all) is the one that goes on
-                pass
+            await _stop_quietly(consumer)   # the original error (a cancellation above all) is the one that goes on
             raise
         self._consumer = consumer
 
@@ -93,10 +98,7 @@ class RouterClient:
                             topics.ADMISSION.name(self.settings), type(exc).__name__, exc, delay)
                 consumer, self._consumer = self._consumer, None
                 if consumer is not None:
-                    try:
-                        await consumer.stop()
-                    except Exception:   # a consumer that failed may fail to stop too: it is dropped either way
-                        pass
+                    await _stop_quietly(consumer)
                 await asyncio.sleep(delay)   # back-off before reconnecting, not a synchronisation
                 delay = min(FOLLOW_RETRY_MAX_S, delay * 2)
 
