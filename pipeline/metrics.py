@@ -134,8 +134,12 @@ ROUTER_HOOK_ERRORS = Counter("sluice_router_hook_errors_total",
                              "Errors inside a gateway hook; the call went on without Sluice's verdict.",
                              registry=REGISTRY)
 ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
-                                "RequestEvents a router's emitter dropped because its buffer was full.",
+                                "RequestEvents a router's emitter dropped: its buffer was full, or the event could "
+                                "not be encoded, or the broker refused it or did not acknowledge it in time.",
                                 registry=REGISTRY)
+ROUTER_EMITTER_RESTARTS = Counter("sluice_router_emitter_producer_restarts_total",
+                                  "Kafka producers a router's emitter replaced: its sender had stopped, or it left "
+                                  "events unacknowledged past the emitter's delivery timeout.", registry=REGISTRY)
 
 ROUTER_FOLLOW_ERRORS = Counter("sluice_router_follow_errors_total",
                                "Errors a router met following the admission topic (it backs off and reads "

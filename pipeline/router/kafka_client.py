@@ -111,17 +111,33 @@ class RouterClient:
             await consumer.stop()
 
 
+def _sender_stopped(producer: Any) -> bool:
+    """Whether an aiokafka producer's background sender has ended. It ends on an unexpected error, failing
+    the batches it held; ``send`` still queues records after that and their futures never resolve (aiokafka
+    does not check), so a pump awaiting them would wait for ever, silently."""
+    task = getattr(getattr(producer, "_sender", None), "_sender_task", None)
+    return task is not None and task.done()
+
+
 class EventEmitter:
     """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts, and so
-    does an event that cannot be encoded or that the broker refuses (the pump goes on)."""
+    does an event that cannot be encoded, that the broker refuses or that is not acknowledged within
+    ``delivery_timeout_s`` (the pump goes on). A producer whose sender stopped, or that left a batch
+    unacknowledged that long, is replaced: without that, one stalled producer stopped every later event."""
 
-    def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500) -> None:
+    def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500,
+                 start_timeout_s: float = 30.0, delivery_timeout_s: float = 60.0) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=buffer)
         self.batch = batch
+        self.start_timeout_s = start_timeout_s
+        # aiokafka fails a batch not delivered within its request timeout (40 s) itself: one still pending
+        # after this long is held by a producer that no longer sends
+        self.delivery_timeout_s = delivery_timeout_s
         self.dropped = 0
         self.sent = 0
+        self.producers_replaced = 0
         self._task: asyncio.Task | None = None
         self._producer: Any = None
 
@@ -140,25 +156,60 @@ class EventEmitter:
         ROUTER_EVENTS_DROPPED.inc(count)
 
     async def start(self) -> None:
+        self._producer = await self._new_producer()
+        self._task = asyncio.create_task(self._pump())
+
+    async def _new_producer(self) -> Any:
+        """A started producer, within ``start_timeout_s`` (an idempotent one waits for its producer id, and
+        aiokafka retries that for ever: a start that never ended left every event in the buffer)."""
         from aiokafka import AIOKafkaProducer
 
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20,
-                                          **producer_options(self.settings))
-        await self._producer.start()
-        self._task = asyncio.create_task(self._pump())
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20, **producer_options(self.settings))
+        try:
+            await asyncio.wait_for(producer.start(), self.start_timeout_s)
+        except BaseException:
+            await self._stop_producer(producer)
+            raise
+        return producer
+
+    async def _stop_producer(self, producer: Any) -> None:
+        """Stop a producer, within ``start_timeout_s``: one whose sender stopped never finishes flushing."""
+        try:
+            await asyncio.wait_for(producer.stop(), self.start_timeout_s)
+        except Exception as exc:
+            log.warning("emitter: a producer did not stop cleanly (%s: %.200s); dropped", type(exc).__name__, exc)
+
+    async def _replace_producer(self, why: str) -> None:
+        from ..metrics import ROUTER_EMITTER_RESTARTS
+
+        log.warning("emitter: %s; replacing its Kafka producer", why)
+        old, self._producer = self._producer, None
+        self.producers_replaced += 1
+        ROUTER_EMITTER_RESTARTS.inc()
+        if old is not None:
+            await self._stop_producer(old)
+        self._producer = await self._new_producer()
 
     async def _pump(self) -> None:
         while True:
             events = [await self.queue.get()]
             while len(events) < self.batch and not self.queue.empty():
                 events.append(self.queue.get_nowait())
-            await self._send(events)
-            for _ in events:
-                self.queue.task_done()
+            try:
+                await self._send(events)
+            except Exception as exc:  # no producer could be had (the broker is down): this batch, counted
+                log.warning("emitter lost %d events: %s: %.200s", len(events), type(exc).__name__, exc)
+                self._drop(len(events))
+            finally:
+                for _ in events:
+                    self.queue.task_done()
 
     async def _send(self, events: list[dict]) -> None:
         """Each event is encoded on its own, so one the router built wrong (no task id) is the only one lost;
-        ``sent`` and ``dropped`` count each event's own outcome, never the whole batch's."""
+        ``sent`` and ``dropped`` count each event's own outcome, never the whole batch's. Raises (with nothing
+        counted) only when no working producer could be had."""
+        if self._producer is None or _sender_stopped(self._producer):
+            await self._replace_producer("its producer's sender stopped" if self._producer else "it has no producer")
         records = []
         for event in events:
             try:
@@ -175,12 +226,20 @@ class EventEmitter:
                 log.warning("emitter lost %d events: %s", len(records) - len(futures), exc)
                 self._drop(len(records) - len(futures))
                 break
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if not futures:
+            return
+        done, pending = await asyncio.wait(futures, timeout=self.delivery_timeout_s)
+        errors = [f.exception() for f in done if f.exception() is not None]
         if errors:
             log.warning("emitter lost %d events: %s", len(errors), errors[0])
-            self._drop(len(errors))
-        self.sent += len(outcomes) - len(errors)
+        self._drop(len(errors) + len(pending))
+        self.sent += len(done) - len(errors)
+        if pending:
+            try:
+                await self._replace_producer(f"{len(pending)} events were not acknowledged within "
+                                             f"{self.delivery_timeout_s:.0f} s (counted as lost)")
+            except Exception as exc:  # the next batch tries again
+                log.warning("emitter: no new producer yet (%s: %.200s)", type(exc).__name__, exc)
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (up to ``drain_timeout_s``), then stop."""
@@ -192,5 +251,6 @@ class EventEmitter:
             except asyncio.TimeoutError:
                 log.warning("emitter stopped with %d events undelivered", self.queue.qsize())
         await cancel(self._task)
-        if self._producer:
-            await self._producer.stop()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await self._stop_producer(producer)

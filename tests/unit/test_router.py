@@ -402,6 +402,90 @@ def test_the_emitter_loses_only_the_events_it_cannot_encode_or_the_broker_refuse
     assert (emitter.sent, emitter.dropped) == (3, 4)
 
 
+class StalledProducer:
+    """A producer that queues records and never delivers them (aiokafka's, once its sender ended);
+    ``sender_done`` says whether that sender is seen to have ended."""
+
+    def __init__(self, sender_done: bool) -> None:
+        import asyncio
+        import types
+
+        task = asyncio.get_running_loop().create_future()
+        if sender_done:
+            task.set_result(None)
+        self._sender = types.SimpleNamespace(_sender_task=task)
+        self.queued: list = []
+        self.stopped = False
+
+    async def send(self, topic, value, key):
+        import asyncio
+
+        self.queued.append(key)
+        return asyncio.get_running_loop().create_future()   # never resolves
+
+    async def stop(self):
+        import asyncio
+
+        await asyncio.Event().wait()   # flushing what it never sends: never returns
+
+
+class DeliveringProducer:
+    def __init__(self) -> None:
+        self.delivered: list = []
+
+    async def send(self, topic, value, key):
+        import asyncio
+
+        self.delivered.append(key)
+        outcome = asyncio.get_running_loop().create_future()
+        outcome.set_result(None)
+        return outcome
+
+    async def stop(self):
+        pass
+
+
+@pytest.mark.parametrize("sender_done", [True, False])
+def test_a_stalled_producer_is_replaced_and_later_events_are_delivered(sender_done):
+    """aiokafka's producer keeps queueing records after its background sender ended, and their futures never
+    resolve: the emitter's pump awaited them for ever and every later event stayed in the buffer (the
+    LiteLLM proxy's events stopped reaching the worker, CI). A sender seen to have ended is replaced before a
+    batch goes to it; one that leaves a batch unacknowledged past ``delivery_timeout_s`` is replaced after,
+    that batch counted as lost. A replacement that fails costs its batch only."""
+    import asyncio
+
+    from pipeline.router import EventEmitter
+    from pipeline.settings import load_settings
+
+    async def scenario():
+        emitter = EventEmitter(load_settings(env={}), "unused", start_timeout_s=0.2, delivery_timeout_s=0.3)
+        stalled, good = StalledProducer(sender_done), DeliveringProducer()
+        made: list = [RuntimeError("the broker is down"), good] if not sender_done else [good]
+
+        async def new_producer():
+            made_now = made.pop(0)
+            if isinstance(made_now, Exception):
+                raise made_now
+            return made_now
+
+        emitter._new_producer = new_producer
+        emitter._producer = stalled
+        emitter._task = asyncio.create_task(emitter._pump())
+        emitter.emit({"task_id": "t0"})
+        await asyncio.wait_for(emitter.queue.join(), 5)
+        emitter.emit({"task_id": "t1"})   # after a failed replacement: no producer yet, so one is made now
+        await emitter.stop(drain_timeout_s=5)
+        return emitter, stalled, good
+
+    emitter, stalled, good = asyncio.run(scenario())
+    if sender_done:   # seen before sending: nothing is lost
+        assert stalled.queued == [] and good.delivered == [b"t0", b"t1"]
+        assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (2, 0, 1)
+    else:             # t0 went to the stalled producer: lost and counted; the first replacement failed
+        assert stalled.queued == [b"t0"] and good.delivered == [b"t1"]
+        assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (1, 1, 2)
+
+
 def test_a_quiet_pool_may_retry_a_failure_whatever_its_budget():
     """Counted per pool, a pool with a request a minute would refuse its first retry (1 > 10% of 3): a floor of
     min_retries per window lets it, and a storm is still held to the budget beyond that."""
