@@ -111,11 +111,15 @@ class RouterClient:
             await consumer.stop()
 
 
+def _sender_task(producer: Any) -> asyncio.Task | None:
+    return getattr(getattr(producer, "_sender", None), "sender_task", None)
+
+
 def _sender_stopped(producer: Any) -> bool:
-    """Whether an aiokafka producer's background sender has ended. It ends on an unexpected error, failing
-    the batches it held; ``send`` still queues records after that and their futures never resolve (aiokafka
-    does not check), so a pump awaiting them would wait for ever, silently."""
-    task = getattr(getattr(producer, "_sender", None), "_sender_task", None)
+    """Whether an aiokafka producer's background sender has ended. It ends on an unexpected error (an
+    out-of-order sequence, for one), failing the batches it held; ``send`` still queues records after that
+    and their futures never resolve (aiokafka does not check), so a pump awaiting them waited for ever."""
+    task = _sender_task(producer)
     return task is not None and task.done()
 
 
@@ -132,8 +136,8 @@ class EventEmitter:
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=buffer)
         self.batch = batch
         self.start_timeout_s = start_timeout_s
-        # aiokafka fails a batch not delivered within its request timeout (40 s) itself: one still pending
-        # after this long is held by a producer that no longer sends
+        # an idempotent aiokafka producer never expires a batch: it retries until the batch is delivered, so
+        # without this bound a broker that stays unreachable, or a sender that died, held the pump for ever
         self.delivery_timeout_s = delivery_timeout_s
         self.dropped = 0
         self.sent = 0
@@ -173,11 +177,20 @@ class EventEmitter:
         return producer
 
     async def _stop_producer(self, producer: Any) -> None:
-        """Stop a producer, within ``start_timeout_s``: one whose sender stopped never finishes flushing."""
+        """Stop a producer within ``start_timeout_s``. ``stop`` flushes first, and a producer that cannot
+        deliver never finishes flushing: its sender is then cancelled and its connections closed, or it would
+        go on retrying in the background for as long as the process lives."""
         try:
             await asyncio.wait_for(producer.stop(), self.start_timeout_s)
         except Exception as exc:
-            log.warning("emitter: a producer did not stop cleanly (%s: %.200s); dropped", type(exc).__name__, exc)
+            log.warning("emitter: a producer did not stop cleanly (%s: %.200s); closing it", type(exc).__name__, exc)
+            task = _sender_task(producer)
+            if task is not None:
+                task.cancel()
+            try:
+                await asyncio.wait_for(producer.client.close(), self.start_timeout_s)
+            except Exception:
+                pass
 
     async def _replace_producer(self, why: str) -> None:
         from ..metrics import ROUTER_EMITTER_RESTARTS

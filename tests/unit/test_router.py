@@ -413,7 +413,8 @@ class StalledProducer:
         task = asyncio.get_running_loop().create_future()
         if sender_done:
             task.set_result(None)
-        self._sender = types.SimpleNamespace(_sender_task=task)
+        self._sender = types.SimpleNamespace(sender_task=task)
+        self.client = types.SimpleNamespace(close=self.stop_nothing)
         self.queued: list = []
         self.stopped = False
 
@@ -427,6 +428,9 @@ class StalledProducer:
         import asyncio
 
         await asyncio.Event().wait()   # flushing what it never sends: never returns
+
+    async def stop_nothing(self):
+        self.stopped = True
 
 
 class DeliveringProducer:
@@ -484,6 +488,7 @@ def test_a_stalled_producer_is_replaced_and_later_events_are_delivered(sender_do
     else:             # t0 went to the stalled producer: lost and counted; the first replacement failed
         assert stalled.queued == [b"t0"] and good.delivered == [b"t1"]
         assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (1, 1, 2)
+        assert stalled.stopped and stalled._sender.sender_task.cancelled(), "its sender is not left retrying"
 
 
 def test_a_quiet_pool_may_retry_a_failure_whatever_its_budget():
