@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 CALL_TYPES = {"completion", "acompletion", "text_completion", "atext_completion"}
 RECONNECT_MAX_S = 30.0
 MAX_SHED_TASKS = 100_000   # shed tasks remembered (about 200 bytes each), the oldest forgotten first
+# and for this long at most: a retry of shed work comes within the longest retry-after plus a client's own
+# back-off; a task id seen again hours later (a client that reuses ids) is new work, not a retry of shed work
+SHED_MEMORY_S = 900.0
 
 
 def _seconds(value: Any) -> float | None:
@@ -59,7 +62,8 @@ class SluiceAdmission(CustomLogger):
         self.configs = PictureConfigs(self.settings)
         # (tenant, task id) of calls this hook shed lately, oldest first: their next attempts are retries of
         # shed work (``after_shed``), judged by the admit fraction and not spent from the retry budget
-        self._shed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._shed: OrderedDict[tuple[str, str], float] = OrderedDict()   # → when it was shed (monotonic)
+        self.clock = time.monotonic
         bootstrap = bootstrap_servers(self.settings)
         self.router = RouterClient(self.settings, bootstrap, keyring(self.settings))
         self.emitter = EventEmitter(self.settings, bootstrap)
@@ -143,9 +147,16 @@ class SluiceAdmission(CustomLogger):
     def _after_shed(self, call: CallInfo) -> CallInfo:
         """A later attempt of a task this hook shed: the retry of shed work. Without it, work shed in an
         overload came back counted against the retry budget, and a recovered pool refused most of it."""
+        self._forget_old_sheds()
         if call.attempt > 1 and (call.tenant, call.task_id) in self._shed:
             return replace(call, after_shed=True)
         return call
+
+    def _forget_old_sheds(self) -> None:
+        """Drop what was shed more than ``SHED_MEMORY_S`` ago (the oldest first: the dict is kept in shed order)."""
+        horizon = self.clock() - SHED_MEMORY_S
+        while self._shed and next(iter(self._shed.values())) < horizon:
+            self._shed.popitem(last=False)
 
     def _remember(self, call: CallInfo, verdict: Any) -> None:
         """Only tasks the caller named (a call's own id never comes back, and would push the others out); a
@@ -154,7 +165,7 @@ class SluiceAdmission(CustomLogger):
             return
         key = (call.tenant, call.task_id)
         if isinstance(verdict, (Reject, Defer)):
-            self._shed[key] = None
+            self._shed[key] = self.clock()
             self._shed.move_to_end(key)
             if len(self._shed) > MAX_SHED_TASKS:
                 self._shed.popitem(last=False)

@@ -215,6 +215,32 @@ def test_the_next_attempt_of_a_call_it_shed_is_a_retry_of_shed_work_not_a_budget
     assert list(h._shed) == [("team-a", "t1")]
 
 
+def test_a_task_shed_long_ago_is_forgotten(monkeypatch):
+    """The memory of shed tasks was bounded by count only: at a low shed rate a task id shed hours earlier, reused
+    by a client for new work, was still taken for a retry of shed work (and kept off the retry budget)."""
+    h = hook()
+    publish(h)
+    now = [1_000.0]
+    h.clock = lambda: now[0]
+    asked = []
+    decide = h.router.decide
+    monkeypatch.setattr(h.router, "decide", lambda request: asked.append(request) or decide(request))
+
+    def call(task: str, attempt: int) -> dict:
+        return {"model": "hot", "litellm_call_id": f"{task}-{attempt}-{now[0]}", "messages": [],
+                "proxy_server_request": {"headers": {"x-sluice-priority": "sheddable", "x-sluice-task-id": task,
+                                                     "x-sluice-attempt": str(attempt)}}}
+
+    for task in ("old", "recent"):
+        with pytest.raises(HTTPException):
+            asyncio.run(h.async_pre_call_hook(KEY, None, call(task, 1), "acompletion"))
+        now[0] += 600
+    for task in ("old", "recent"):   # 1,200 s and 600 s after they were shed
+        with pytest.raises(HTTPException):
+            asyncio.run(h.async_pre_call_hook(KEY, None, call(task, 2), "acompletion"))
+    assert [(r.retry, r.after_shed) for r in asked[2:]] == [(True, False), (True, True)], "old, then recent"
+
+
 def test_invented_model_names_do_not_grow_the_hooks_memory():
     h = hook()
     for i in range(300):
