@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
 from prometheus_client import Counter
 
 from .. import topics
+from ..bounded_producer import DELIVERY_TIMEOUT_S, sender_stopped, start_producer, stop_producer
 from ..contract import compile_schema, load_schema
 from ..events import SCHEMA_VERSION, ReplicaSample, decode
 from ..kafka_clients import producer_options
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 SCRAPE_FAILURES = Counter("sluice_collector_scrape_failures_total", "Engine scrapes that failed or were garbled.",
                           ["replica"], registry=REGISTRY)
+COLLECTOR_SAMPLES_LOST = Counter("sluice_collector_samples_lost_total",
+                                 "Samples not acknowledged by Kafka in time, or with no producer to send them: "
+                                 "the producer is replaced and the next sample tries again.", registry=REGISTRY)
 
 
 @dataclass
@@ -95,10 +99,10 @@ def _schema_checked(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run(settings: Settings, bootstrap: str, collector: Collector, interval_s: float,
-              iterations: int | None = None) -> int:
+              iterations: int | None = None, delivery_timeout_s: float = DELIVERY_TIMEOUT_S) -> int:
     """Scrape and publish until cancelled (or ``iterations`` samples); returns samples published."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **producer_options(settings))
-    await producer.start()
+    options = producer_options(settings)
+    producer: Any = await start_producer(bootstrap, **options)   # no broker at start: fail loudly
     topic = topics.REPLICAS.name(settings)
     key = collector.target.replica.encode()
     published = 0
@@ -109,11 +113,38 @@ async def run(settings: Settings, bootstrap: str, collector: Collector, interval
             value = orjson.dumps(document)
             checked = decode(ReplicaSample, value, key, settings.max_event_bytes)
             if isinstance(checked, ReplicaSample):
-                await producer.send_and_wait(topic, value, key=key)
-                published += 1
+                producer, delivered = await _publish(producer, bootstrap, options, topic, value, key,
+                                                     delivery_timeout_s)
+                published += delivered
             else:
                 log.error("collector built an invalid sample (%s: %s); not published", checked.reason, checked.detail)
             await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
-        await producer.stop()
+        if producer is not None:
+            await stop_producer(producer)
     return published
+
+
+async def _publish(producer: Any, bootstrap: str, options: dict, topic: str, value: bytes, key: bytes,
+                   timeout_s: float) -> tuple[Any, bool]:
+    """One sample, acknowledged within ``timeout_s``; (the producer to use next, delivered). A producer whose
+    sender stopped, or that does not acknowledge in time, is replaced; with no broker to start a new one, the
+    sample is skipped and the next one tries again. An idempotent producer never gives up on a record, so the
+    collector used to wait on it for as long as the broker was away, or for ever once its sender had died:
+    its replica went stale in the picture and nothing said why. A refusal (an ACL) still ends the collector."""
+    try:
+        if producer is None or sender_stopped(producer):
+            if producer is not None:
+                log.warning("collector: its Kafka producer's sender stopped; starting another")
+                await stop_producer(producer)
+            producer = None
+            producer = await start_producer(bootstrap, **options)
+        await asyncio.wait_for(asyncio.shield(await producer.send(topic, value, key=key)), timeout_s)
+        return producer, True
+    except (asyncio.TimeoutError, KafkaConnectionError) as exc:
+        log.warning("collector: a sample was not published (%s: %.200s); trying again with a new producer at the "
+                    "next one", type(exc).__name__, exc)
+        COLLECTOR_SAMPLES_LOST.inc()
+        if producer is not None:
+            await stop_producer(producer)
+        return None, False

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from .. import topics
+from ..bounded_producer import DELIVERY_TIMEOUT_S, sender_stopped, start_producer, stop_producer
 from ..events import Rejected, dead_letter
 from ..kafka_clients import producer_options
 from ..settings import Settings, SettingsError
@@ -84,19 +85,17 @@ class OtelBridge:
         self.dead_letter_topic = topics.DEADLETTER.name(settings)
         self.max_letter_bytes = topics.dead_letter_max_bytes(settings) - 65536
         self.totals = Totals()
+        self.delivery_timeout_s = DELIVERY_TIMEOUT_S
+        self._producer: Any = None
 
     async def run(self) -> None:
         """Bridge until cancelled."""
-        from aiokafka import AIOKafkaProducer
-
         from ..worker.consumer import batch_consumer
 
         s = self.settings
         consumer = batch_consumer(s, self.bootstrap, topics.otel_group(s))
         consumer.subscribe([self.source])
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5,
-                                    max_request_size=topics.dead_letter_max_bytes(s), **producer_options(s))
-        await producer.start()
+        self._producer = await self._new_producer()   # no broker at start: fail loudly
         try:
             await consumer.start()
             log.info("otel bridge: %s (group %s) → %s, dead letters → %s", self.source, topics.otel_group(s),
@@ -107,7 +106,7 @@ class OtelBridge:
                 fetched = await consumer.getmany(timeout_ms=int(s.ingest_batch_within_s * 1000),
                                                  max_records=s.ingest_batch_max)
                 if fetched:
-                    if await self._bridge(consumer, producer, fetched):
+                    if await self._bridge(consumer, fetched):
                         failures = 0
                     else:
                         failures += 1
@@ -119,17 +118,40 @@ class OtelBridge:
             try:
                 await consumer.stop()
             finally:
-                await producer.stop()
+                if self._producer is not None:
+                    await stop_producer(self._producer)
 
-    async def _bridge(self, consumer: Any, producer: Any, fetched: dict) -> bool:
-        """Map, produce, wait for every acknowledgement, commit; False (rewound for a retry) if a produce failed."""
-        from aiokafka.errors import IllegalStateError, KafkaError
+    async def _new_producer(self) -> Any:
+        s = self.settings
+        return await start_producer(self.bootstrap, linger_ms=5, max_request_size=topics.dead_letter_max_bytes(s),
+                                    **producer_options(s))
+
+    async def _replace_producer(self, why: str | None) -> None:
+        """A new producer for one that stopped delivering (``why``), or for none; None while none can start."""
+        if why:
+            log.warning("otel bridge: %s; replacing its Kafka producer", why)
+        old, self._producer = self._producer, None
+        if old is not None:
+            await stop_producer(old)
+        self._producer = await self._new_producer()
+
+    async def _bridge(self, consumer: Any, fetched: dict) -> bool:
+        """Map, produce, wait for every acknowledgement, commit; False (rewound for a retry) if a produce failed.
+
+        An idempotent producer never gives up on a record: one not acknowledged within ``delivery_timeout_s``
+        fails the batch like a refusal, and the producer is replaced (as is one whose sender has stopped), or
+        the bridge waited for as long as the broker was away, or for ever on a dead sender. A record the old
+        producer still delivers comes again in the retry: landing keeps one per event id."""
+        from aiokafka.errors import IllegalStateError, KafkaError, KafkaTimeoutError
 
         from ..worker.consumer import commit
 
         now_ms = int(time.time() * 1000)
         batch = Totals()
         try:
+            if self._producer is None or sender_stopped(self._producer):
+                await self._replace_producer("its Kafka producer's sender stopped" if self._producer else None)
+            producer = self._producer
             pending = []
             for messages in fetched.values():
                 for m in messages:
@@ -143,10 +165,15 @@ class OtelBridge:
                         pending.append(await producer.send(self.dead_letter_topic, letter, key=key))
                     batch.add(mapped)
                     await asyncio.sleep(0)  # mapping is CPU work: let the consumer's heartbeat run between records
-            failed = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, Exception)]
+            done, unacknowledged = await asyncio.wait(pending, timeout=self.delivery_timeout_s) if pending else ((), ())
+            if unacknowledged:
+                await self._replace_producer(f"{len(unacknowledged)} records not acknowledged within "
+                                             f"{self.delivery_timeout_s:.0f} s")
+                raise KafkaTimeoutError(f"{len(unacknowledged)} records not acknowledged in time")
+            failed = [f.exception() for f in done if f.exception() is not None]
             if failed:
                 raise failed[0]
-        except KafkaError as exc:
+        except (KafkaError, asyncio.TimeoutError) as exc:   # the latter: no new producer could start in time
             self.totals.produce_failures += 1
             log.error("otel bridge: produce failed (%s: %s); the batch is retried from its first record",
                       type(exc).__name__, exc)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import orjson
 
 from .. import topics
+from ..bounded_producer import DELIVERY_TIMEOUT_S, START_TIMEOUT_S, sender_stopped, start_producer, stop_producer
 from ..kafka_clients import client_options, producer_options
 from ..settings import Settings
 from .decider import Decider
@@ -111,18 +112,6 @@ class RouterClient:
             await consumer.stop()
 
 
-def _sender_task(producer: Any) -> asyncio.Task | None:
-    return getattr(getattr(producer, "_sender", None), "sender_task", None)
-
-
-def _sender_stopped(producer: Any) -> bool:
-    """Whether an aiokafka producer's background sender has ended. It ends on an unexpected error (an
-    out-of-order sequence, for one), failing the batches it held; ``send`` still queues records after that
-    and their futures never resolve (aiokafka does not check), so a pump awaiting them waited for ever."""
-    task = _sender_task(producer)
-    return task is not None and task.done()
-
-
 class EventEmitter:
     """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts, and so
     does an event that cannot be encoded, that the broker refuses or that is not acknowledged within
@@ -130,7 +119,7 @@ class EventEmitter:
     unacknowledged that long, is replaced: without that, one stalled producer stopped every later event."""
 
     def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500,
-                 start_timeout_s: float = 30.0, delivery_timeout_s: float = 60.0) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, delivery_timeout_s: float = DELIVERY_TIMEOUT_S) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=buffer)
@@ -164,33 +153,8 @@ class EventEmitter:
         self._task = asyncio.create_task(self._pump())
 
     async def _new_producer(self) -> Any:
-        """A started producer, within ``start_timeout_s`` (an idempotent one waits for its producer id, and
-        aiokafka retries that for ever: a start that never ended left every event in the buffer)."""
-        from aiokafka import AIOKafkaProducer
-
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20, **producer_options(self.settings))
-        try:
-            await asyncio.wait_for(producer.start(), self.start_timeout_s)
-        except BaseException:
-            await self._stop_producer(producer)
-            raise
-        return producer
-
-    async def _stop_producer(self, producer: Any) -> None:
-        """Stop a producer within ``start_timeout_s``. ``stop`` flushes first, and a producer that cannot
-        deliver never finishes flushing: its sender is then cancelled and its connections closed, or it would
-        go on retrying in the background for as long as the process lives."""
-        try:
-            await asyncio.wait_for(producer.stop(), self.start_timeout_s)
-        except Exception as exc:
-            log.warning("emitter: a producer did not stop cleanly (%s: %.200s); closing it", type(exc).__name__, exc)
-            task = _sender_task(producer)
-            if task is not None:
-                task.cancel()
-            try:
-                await asyncio.wait_for(producer.client.close(), self.start_timeout_s)
-            except Exception:
-                pass
+        return await start_producer(self.bootstrap, self.start_timeout_s, linger_ms=20,
+                                    **producer_options(self.settings))
 
     async def _replace_producer(self, why: str) -> None:
         from ..metrics import ROUTER_EMITTER_RESTARTS
@@ -200,7 +164,7 @@ class EventEmitter:
         self.producers_replaced += 1
         ROUTER_EMITTER_RESTARTS.inc()
         if old is not None:
-            await self._stop_producer(old)
+            await stop_producer(old, self.start_timeout_s)
         self._producer = await self._new_producer()
 
     async def _pump(self) -> None:
@@ -221,7 +185,7 @@ class EventEmitter:
         """Each event is encoded on its own, so one the router built wrong (no task id) is the only one lost;
         ``sent`` and ``dropped`` count each event's own outcome, never the whole batch's. Raises (with nothing
         counted) only when no working producer could be had."""
-        if self._producer is None or _sender_stopped(self._producer):
+        if self._producer is None or sender_stopped(self._producer):
             await self._replace_producer("its producer's sender stopped" if self._producer else "it has no producer")
         records = []
         for event in events:
@@ -266,4 +230,4 @@ class EventEmitter:
         await cancel(self._task)
         producer, self._producer = self._producer, None
         if producer is not None:
-            await self._stop_producer(producer)
+            await stop_producer(producer, self.start_timeout_s)

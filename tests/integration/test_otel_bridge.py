@@ -312,11 +312,12 @@ def test_a_refused_produce_rewinds_the_batch_and_commits_nothing(otel_settings):
 
     async def scenario():
         bridge, consumer = OtelBridge(s, s.kafka_bootstrap_servers), Consumer()
-        refused = await bridge._bridge(consumer, Producer(fail_at=3), {tp: messages})
+        bridge._producer = Producer(fail_at=3)
+        refused = await bridge._bridge(consumer, {tp: messages})
         assert refused is False and consumer.seeks == [(tp, 10)] and consumer.commits == []
         assert bridge.totals.records == 0 and bridge.totals.produce_failures == 1
-        producer = Producer(fail_at=None)
-        assert await bridge._bridge(consumer, producer, {tp: messages}) is True
+        producer = bridge._producer = Producer(fail_at=None)
+        assert await bridge._bridge(consumer, {tp: messages}) is True
         assert consumer.commits == [{tp: 10 + len(messages)}] and bridge.totals.records == len(messages)
         return producer.sent
 
@@ -324,3 +325,54 @@ def test_a_refused_produce_rewinds_the_batch_and_commits_nothing(otel_settings):
     produced, _, reasons = expectations(s, records)
     assert sum(t == topics.REQUESTS.name(s) for t, _ in sent) == produced
     assert sum(t == topics.DEADLETTER.name(s) for t, _ in sent) == len(reasons)
+
+
+def test_a_producer_that_never_acknowledges_is_replaced_and_the_batch_read_again(otel_settings, monkeypatch):
+    """An idempotent producer never gives up on a record: the bridge waited on one for as long as its broker was
+    away, or for ever once its sender had died. Past ``delivery_timeout_s`` the batch rewinds uncommitted and
+    the producer is replaced; a sender seen dead is replaced before the batch (fakes around the real
+    ``_bridge``; no broker needed)."""
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    from pipeline.otel import bridge as bridge_module
+    from tests.unit.fake_producers import DeliveringProducer, StalledProducer
+
+    s = otel_settings
+    records = make_records(tasks=2)
+    tp = TopicPartition(topics.otel_topic(s), 0)
+    messages = [SimpleNamespace(topic=tp.topic, partition=0, offset=i, timestamp=-1, key=key, value=value)
+                for i, (key, value) in enumerate(records)]
+    consumer = SimpleNamespace(seeks=[], commits=[])
+    consumer.seek = lambda partition, offset: consumer.seeks.append((partition, offset))
+
+    async def commit(offsets):
+        consumer.commits.append(offsets)
+
+    consumer.commit = commit
+
+    async def stop_producer(producer, timeout_s=0):
+        producer.stopped = True
+
+    monkeypatch.setattr(bridge_module, "stop_producer", stop_producer)
+
+    async def scenario():
+        bridge = OtelBridge(s, s.kafka_bootstrap_servers)
+        stalled, dead, fresh = StalledProducer(sender_done=False), StalledProducer(sender_done=True), []
+
+        async def new_producer():
+            fresh.append(DeliveringProducer())
+            return fresh[-1]
+
+        bridge._new_producer, bridge.delivery_timeout_s = new_producer, 0.2
+        bridge._producer = stalled
+        assert await bridge._bridge(consumer, {tp: messages}) is False
+        assert consumer.seeks == [(tp, 0)] and consumer.commits == [] and stalled.stopped and len(fresh) == 1
+        assert await bridge._bridge(consumer, {tp: messages}) is True
+        assert consumer.commits == [{tp: len(messages)}] and fresh[0].delivered
+        bridge._producer = dead
+        assert await bridge._bridge(consumer, {tp: messages}) is True
+        assert dead.queued == [] and dead.stopped and len(fresh) == 2 and fresh[1].delivered
+
+    run(scenario())

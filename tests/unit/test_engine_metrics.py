@@ -51,3 +51,41 @@ def test_non_finite_gpu_utilisation_fails_the_dcgm_scrape_before_the_clamp(value
     with pytest.raises(ScrapeError):
         parse_dcgm(f'# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{{gpu="0"}} {value}\n')
     assert parse_dcgm('# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{gpu="0"} 150\n') == {"gpu_util": 1.0}
+
+
+def test_a_producer_that_stops_delivering_costs_one_sample_and_is_replaced(monkeypatch):
+    """An idempotent producer never gives up on a record: the collector waited on it for as long as the broker
+    was away, or for ever once its sender had died, and its replica went stale with nothing said. A sample not
+    acknowledged in time is skipped and counted; the producer is replaced (a dead sender before sending)."""
+    import asyncio
+
+    from pipeline.collectors import vllm
+    from tests.unit.fake_producers import DeliveringProducer, StalledProducer
+
+    async def scenario():
+        made = [DeliveringProducer(), DeliveringProducer()]
+
+        async def start_producer(bootstrap, **options):
+            return made.pop(0)
+
+        async def stop_producer(producer, timeout_s=0.1):
+            producer.stopped = True
+
+        monkeypatch.setattr(vllm, "start_producer", start_producer)
+        monkeypatch.setattr(vllm, "stop_producer", stop_producer)
+        lost = vllm.COLLECTOR_SAMPLES_LOST._value.get()
+        stalled = StalledProducer(sender_done=False)
+        outcomes = []
+        producer = stalled
+        for value in (b"s0", b"s1"):
+            producer, delivered = await vllm._publish(producer, "unused", {}, "topic", value, b"r", 0.2)
+            outcomes.append(delivered)
+        dead = StalledProducer(sender_done=True)
+        producer, delivered = await vllm._publish(dead, "unused", {}, "topic", b"s2", b"r", 0.2)
+        outcomes.append(delivered)
+        return outcomes, stalled, dead, made, vllm.COLLECTOR_SAMPLES_LOST._value.get() - lost
+
+    outcomes, stalled, dead, left, lost = asyncio.run(scenario())
+    assert outcomes == [False, True, True] and lost == 1
+    assert stalled.queued == [b"r"] and stalled.stopped
+    assert dead.queued == [] and dead.stopped and left == [], "the dead one is replaced before it is sent to"

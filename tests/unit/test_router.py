@@ -402,53 +402,6 @@ def test_the_emitter_loses_only_the_events_it_cannot_encode_or_the_broker_refuse
     assert (emitter.sent, emitter.dropped) == (3, 4)
 
 
-class StalledProducer:
-    """A producer that queues records and never delivers them (aiokafka's, once its sender ended);
-    ``sender_done`` says whether that sender is seen to have ended."""
-
-    def __init__(self, sender_done: bool) -> None:
-        import asyncio
-        import types
-
-        task = asyncio.get_running_loop().create_future()
-        if sender_done:
-            task.set_result(None)
-        self._sender = types.SimpleNamespace(sender_task=task)
-        self.client = types.SimpleNamespace(close=self.stop_nothing)
-        self.queued: list = []
-        self.stopped = False
-
-    async def send(self, topic, value, key):
-        import asyncio
-
-        self.queued.append(key)
-        return asyncio.get_running_loop().create_future()   # never resolves
-
-    async def stop(self):
-        import asyncio
-
-        await asyncio.Event().wait()   # flushing what it never sends: never returns
-
-    async def stop_nothing(self):
-        self.stopped = True
-
-
-class DeliveringProducer:
-    def __init__(self) -> None:
-        self.delivered: list = []
-
-    async def send(self, topic, value, key):
-        import asyncio
-
-        self.delivered.append(key)
-        outcome = asyncio.get_running_loop().create_future()
-        outcome.set_result(None)
-        return outcome
-
-    async def stop(self):
-        pass
-
-
 @pytest.mark.parametrize("sender_done", [True, False])
 def test_a_stalled_producer_is_replaced_and_later_events_are_delivered(sender_done):
     """aiokafka's producer keeps queueing records after its background sender ended, and their futures never
@@ -460,6 +413,7 @@ def test_a_stalled_producer_is_replaced_and_later_events_are_delivered(sender_do
 
     from pipeline.router import EventEmitter
     from pipeline.settings import load_settings
+    from tests.unit.fake_producers import DeliveringProducer, StalledProducer
 
     async def scenario():
         emitter = EventEmitter(load_settings(env={}), "unused", start_timeout_s=0.2, delivery_timeout_s=0.3)
