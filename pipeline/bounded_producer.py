@@ -1,12 +1,12 @@
 """An idempotent aiokafka producer within bounds: started, awaited and stopped with timeouts, and seen when it
-can no longer send.
+can no longer deliver.
 
 aiokafka never expires an idempotent producer's batch (it retries until the batch is delivered), retries its
-producer id at start for ever, flushes for ever at stop, and keeps queueing records after its background
-sender has ended (an out-of-order sequence, an unexpected error), whose futures then never resolve. A
-process that publishes from a loop — the router's emitter, the collector, the OpenTelemetry bridge — stopped
-silently on any of these. With these helpers it bounds each wait, counts what was lost and replaces the
-producer.
+producer id at start for ever and flushes for ever at stop. A batch the broker refuses with an out-of-order
+sequence costs its partition's sequence numbers, so every later batch there is refused the same way; a
+sender task that ended leaves what was queued for it undelivered. A process that publishes from a loop —
+the router's emitter, the collector, the OpenTelemetry bridge — stopped silently, or refused everything, on
+any of these. With these helpers it bounds each wait, counts what may be lost and replaces the producer.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0      # a start (its producer id included) or a stop (its flush included)
+START_TIMEOUT_S = 30.0      # a start (its producer id included), and a stop's flush
 DELIVERY_TIMEOUT_S = 60.0   # a record not acknowledged by then: its producer is not delivering
+CANCEL_ROUNDS = 50          # a cancelled sender awaits its requests in flight: cancelled again, up to this often
 
 
 def sender_task(producer: Any) -> asyncio.Future | None:
@@ -26,9 +27,23 @@ def sender_task(producer: Any) -> asyncio.Future | None:
 
 
 def sender_stopped(producer: Any) -> bool:
-    """Whether the producer's background sender has ended: records sent to it now are never delivered."""
+    """Whether the producer's background sender has ended: nothing queued for it is delivered any more."""
     task = sender_task(producer)
     return task is not None and task.done()
+
+
+def spoils_producer(exc: BaseException | None) -> bool:
+    """A refusal that every later batch of the producer would meet too: it needs a new producer (a new id)."""
+    from aiokafka.errors import InvalidProducerEpoch, InvalidProducerIdMapping, OutOfOrderSequenceNumber, ProducerFenced
+
+    return isinstance(exc, (OutOfOrderSequenceNumber, ProducerFenced, InvalidProducerEpoch, InvalidProducerIdMapping))
+
+
+def abandon(futures: Any) -> None:
+    """Record futures given up on: their outcome (most often the failure ``stop_producer`` gives them) is
+    retrieved when it comes, so asyncio does not log each as an exception never retrieved."""
+    for future in futures:
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def start_producer(bootstrap: str, timeout_s: float = START_TIMEOUT_S, **options: Any) -> Any:
@@ -45,16 +60,34 @@ async def start_producer(bootstrap: str, timeout_s: float = START_TIMEOUT_S, **o
 
 
 async def stop_producer(producer: Any, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Stop within ``timeout_s``. A producer that cannot deliver never finishes flushing: its sender is then
-    cancelled and its connections closed, or it would go on retrying for as long as the process lives."""
+    """Stop, flushing for ``timeout_s`` at most; then close whatever is left, failing what was not delivered,
+    so no task of the producer stays behind retrying for as long as the process lives. Cancelled meanwhile
+    (a shutdown), the closing still happens, in the background."""
     try:
         await asyncio.wait_for(producer.stop(), timeout_s)
+        return
+    except asyncio.CancelledError:
+        asyncio.get_running_loop().create_task(_close(producer))
+        raise
     except Exception as exc:
-        log.warning("a Kafka producer did not stop cleanly (%s: %.200s); closing it", type(exc).__name__, exc)
-        task = sender_task(producer)
-        if task is not None:
-            task.cancel()
-        try:
-            await asyncio.wait_for(producer.client.close(), timeout_s)
-        except Exception:
-            pass
+        log.warning("a Kafka producer did not stop within %.1f s (%s: %.200s); closing it, its undelivered "
+                    "records failed", timeout_s, type(exc).__name__, exc)
+    await _close(producer)
+
+
+async def _close(producer: Any) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    task = sender_task(producer)
+    for _ in range(CANCEL_ROUNDS):   # a second cancel reaches the request the cancelled sender awaits
+        if task is None or task.done():
+            break
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is not None:
+        accumulator.fail_all(KafkaConnectionError("the producer was closed with this record undelivered"))
+    try:
+        await asyncio.wait_for(producer.client.close(), 5.0)
+    except Exception:
+        pass

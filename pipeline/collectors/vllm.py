@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from prometheus_client import Counter
 
 from .. import topics
-from ..bounded_producer import DELIVERY_TIMEOUT_S, sender_stopped, start_producer, stop_producer
+from ..bounded_producer import (DELIVERY_TIMEOUT_S, abandon, sender_stopped, spoils_producer, start_producer,
+                               stop_producer)
 from ..contract import compile_schema, load_schema
 from ..events import SCHEMA_VERSION, ReplicaSample, decode
 from ..kafka_clients import producer_options
@@ -127,23 +128,29 @@ async def run(settings: Settings, bootstrap: str, collector: Collector, interval
 
 async def _publish(producer: Any, bootstrap: str, options: dict, topic: str, value: bytes, key: bytes,
                    timeout_s: float) -> tuple[Any, bool]:
-    """One sample, acknowledged within ``timeout_s``; (the producer to use next, delivered). A producer whose
-    sender stopped, or that does not acknowledge in time, is replaced; with no broker to start a new one, the
-    sample is skipped and the next one tries again. An idempotent producer never gives up on a record, so the
-    collector used to wait on it for as long as the broker was away, or for ever once its sender had died:
-    its replica went stale in the picture and nothing said why. A refusal (an ACL) still ends the collector."""
+    """One sample, acknowledged within ``timeout_s``; (the producer to use next, delivered). A producer that
+    does not acknowledge in time, whose sender has stopped, or that was refused in a way every later sample
+    would be too, is replaced; with no broker to start a new one, the sample is skipped and the next one tries
+    again. An idempotent producer never gives up on a record, so the collector used to wait on it for as long
+    as the broker was away, and its replica went stale with nothing said why. Any other refusal (an ACL)
+    still ends the collector, loudly."""
     try:
         if producer is None or sender_stopped(producer):
             if producer is not None:
-                log.warning("collector: its Kafka producer's sender stopped; starting another")
+                log.warning("collector: its Kafka producer's sender has stopped; starting another")
                 await stop_producer(producer)
             producer = None
             producer = await start_producer(bootstrap, **options)
-        await asyncio.wait_for(asyncio.shield(await producer.send(topic, value, key=key)), timeout_s)
+        record = await producer.send(topic, value, key=key)
+        abandon([record])   # retrieved here when acknowledged in time; by the callback once given up on
+        await asyncio.wait_for(asyncio.shield(record), timeout_s)
         return producer, True
-    except (asyncio.TimeoutError, KafkaConnectionError) as exc:
-        log.warning("collector: a sample was not published (%s: %.200s); trying again with a new producer at the "
-                    "next one", type(exc).__name__, exc)
+    except (asyncio.TimeoutError, KafkaError) as exc:
+        if isinstance(exc, KafkaError) and not isinstance(exc, KafkaConnectionError) and not spoils_producer(exc) \
+                and not (producer is not None and sender_stopped(producer)):
+            raise
+        log.warning("collector: a sample was not published (%s: %.200s); the next one goes through a new "
+                    "producer", type(exc).__name__, exc)
         COLLECTOR_SAMPLES_LOST.inc()
         if producer is not None:
             await stop_producer(producer)

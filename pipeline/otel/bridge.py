@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from .. import topics
-from ..bounded_producer import DELIVERY_TIMEOUT_S, sender_stopped, start_producer, stop_producer
+from ..bounded_producer import (DELIVERY_TIMEOUT_S, abandon, sender_stopped, spoils_producer, start_producer,
+                               stop_producer)
 from ..events import Rejected, dead_letter
 from ..kafka_clients import producer_options
 from ..settings import Settings, SettingsError
@@ -167,11 +168,15 @@ class OtelBridge:
                     await asyncio.sleep(0)  # mapping is CPU work: let the consumer's heartbeat run between records
             done, unacknowledged = await asyncio.wait(pending, timeout=self.delivery_timeout_s) if pending else ((), ())
             if unacknowledged:
+                abandon(unacknowledged)
                 await self._replace_producer(f"{len(unacknowledged)} records not acknowledged within "
-                                             f"{self.delivery_timeout_s:.0f} s")
+                                             f"{self.delivery_timeout_s:g} s")
                 raise KafkaTimeoutError(f"{len(unacknowledged)} records not acknowledged in time")
             failed = [f.exception() for f in done if f.exception() is not None]
             if failed:
+                if any(spoils_producer(e) for e in failed) or sender_stopped(producer):
+                    await self._replace_producer(f"its producer was refused in a way every later batch would be "
+                                                 f"too, or its sender stopped ({failed[0]!r})")
                 raise failed[0]
         except (KafkaError, asyncio.TimeoutError) as exc:   # the latter: no new producer could start in time
             self.totals.produce_failures += 1

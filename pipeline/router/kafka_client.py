@@ -13,7 +13,8 @@ from typing import Any, Mapping
 import orjson
 
 from .. import topics
-from ..bounded_producer import DELIVERY_TIMEOUT_S, START_TIMEOUT_S, sender_stopped, start_producer, stop_producer
+from ..bounded_producer import (DELIVERY_TIMEOUT_S, START_TIMEOUT_S, abandon, sender_stopped, spoils_producer,
+                               start_producer, stop_producer)
 from ..kafka_clients import client_options, producer_options
 from ..settings import Settings
 from .decider import Decider
@@ -157,15 +158,16 @@ class EventEmitter:
                                     **producer_options(self.settings))
 
     async def _replace_producer(self, why: str) -> None:
+        """Stop the producer (within bounds) and start another; counted once the new one has started."""
         from ..metrics import ROUTER_EMITTER_RESTARTS
 
         log.warning("emitter: %s; replacing its Kafka producer", why)
         old, self._producer = self._producer, None
-        self.producers_replaced += 1
-        ROUTER_EMITTER_RESTARTS.inc()
         if old is not None:
             await stop_producer(old, self.start_timeout_s)
         self._producer = await self._new_producer()
+        self.producers_replaced += 1
+        ROUTER_EMITTER_RESTARTS.inc()
 
     async def _pump(self) -> None:
         while True:
@@ -186,7 +188,8 @@ class EventEmitter:
         ``sent`` and ``dropped`` count each event's own outcome, never the whole batch's. Raises (with nothing
         counted) only when no working producer could be had."""
         if self._producer is None or sender_stopped(self._producer):
-            await self._replace_producer("its producer's sender stopped" if self._producer else "it has no producer")
+            await self._replace_producer("its producer's sender has stopped" if self._producer else
+                                         "it has no producer (the last one could not be replaced)")
         records = []
         for event in events:
             try:
@@ -212,11 +215,20 @@ class EventEmitter:
         self._drop(len(errors) + len(pending))
         self.sent += len(done) - len(errors)
         if pending:
-            try:
-                await self._replace_producer(f"{len(pending)} events were not acknowledged within "
-                                             f"{self.delivery_timeout_s:.0f} s (counted as lost)")
-            except Exception as exc:  # the next batch tries again
-                log.warning("emitter: no new producer yet (%s: %.200s)", type(exc).__name__, exc)
+            abandon(pending)
+            why = (f"{len(pending)} events were not acknowledged within {self.delivery_timeout_s:g} s (counted as "
+                   "dropped; the old producer may still deliver them as it stops)")
+        elif any(spoils_producer(e) for e in errors):
+            spoiled = next(e for e in errors if spoils_producer(e))
+            why = f"its producer was refused in a way every later batch would be too ({spoiled!r})"
+        elif sender_stopped(self._producer):
+            why = "its producer's sender has stopped"
+        else:
+            return
+        try:
+            await self._replace_producer(why)
+        except Exception as exc:  # the next batch tries again
+            log.warning("emitter: no new producer yet (%s: %.200s)", type(exc).__name__, exc)
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (up to ``drain_timeout_s``), then stop."""

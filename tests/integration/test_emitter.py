@@ -82,7 +82,7 @@ def test_a_broker_that_goes_away_costs_the_events_in_flight_not_every_later_one(
             return emitter
 
         emitter = asyncio.run(scenario())
-        assert emitter.producers_replaced >= 2
+        assert emitter.producers_replaced >= 1   # the failed starts while the broker was away are not counted
         records = asyncio.run(read_all(cluster.bootstrap, topics.REQUESTS.name(s)))
         landed = {orjson.loads(r.value)["event_id"] for r in records}
         assert {sent[0], sent[3]} <= landed and sent[2] not in landed, "in flight may or may not have landed"

@@ -337,7 +337,9 @@ def test_a_producer_that_never_acknowledges_is_replaced_and_the_batch_read_again
     from aiokafka import TopicPartition
 
     from pipeline.otel import bridge as bridge_module
-    from tests.unit.fake_producers import DeliveringProducer, StalledProducer
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    from tests.unit.fake_producers import DeliveringProducer, RefusingProducer, StalledProducer
 
     s = otel_settings
     records = make_records(tasks=2)
@@ -374,5 +376,9 @@ def test_a_producer_that_never_acknowledges_is_replaced_and_the_batch_read_again
         bridge._producer = dead
         assert await bridge._bridge(consumer, {tp: messages}) is True
         assert dead.queued == [] and dead.stopped and len(fresh) == 2 and fresh[1].delivered
+        spoiled = bridge._producer = RefusingProducer(OutOfOrderSequenceNumber())   # every later batch would be too
+        assert await bridge._bridge(consumer, {tp: messages}) is False
+        assert spoiled.stopped and bridge._producer is fresh[2]
+        assert await bridge._bridge(consumer, {tp: messages}) is True and fresh[2].delivered
 
     run(scenario())

@@ -43,3 +43,21 @@ class DeliveringProducer:
 
     async def stop(self):
         pass
+
+
+class RefusingProducer(DeliveringProducer):
+    """A producer whose every record the broker refuses with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.stopped = False
+
+    async def send(self, topic, value, key):
+        self.delivered.append(key)
+        outcome = asyncio.get_running_loop().create_future()
+        outcome.set_exception(self.error)
+        return outcome
+
+    async def stop(self):
+        self.stopped = True

@@ -89,3 +89,29 @@ def test_a_producer_that_stops_delivering_costs_one_sample_and_is_replaced(monke
     assert outcomes == [False, True, True] and lost == 1
     assert stalled.queued == [b"r"] and stalled.stopped
     assert dead.queued == [] and dead.stopped and left == [], "the dead one is replaced before it is sent to"
+
+
+def test_a_spoiled_producer_is_replaced_but_a_refusal_ends_the_collector(monkeypatch):
+    """An out-of-order sequence refuses every later sample of that producer: replaced. Any other refusal (the
+    collector's principal may not write the topic) is configuration: it ends the collector, loudly."""
+    import asyncio
+
+    from aiokafka.errors import OutOfOrderSequenceNumber, TopicAuthorizationFailedError
+
+    from pipeline.collectors import vllm
+    from tests.unit.fake_producers import RefusingProducer
+
+    async def stop_producer(producer, timeout_s=0.1):
+        producer.stopped = True
+
+    monkeypatch.setattr(vllm, "stop_producer", stop_producer)
+
+    async def scenario():
+        spoiled = RefusingProducer(OutOfOrderSequenceNumber())
+        producer, delivered = await vllm._publish(spoiled, "unused", {}, "topic", b"s0", b"r", 0.2)
+        assert (producer, delivered) == (None, False) and spoiled.stopped
+        with pytest.raises(TopicAuthorizationFailedError):
+            await vllm._publish(RefusingProducer(TopicAuthorizationFailedError()), "unused", {}, "topic", b"s1",
+                                b"r", 0.2)
+
+    asyncio.run(scenario())

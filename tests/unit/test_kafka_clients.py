@@ -202,7 +202,8 @@ def test_aiokafka_speaks_tls_with_these_options(pki):
 CONSTRUCTORS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "AIOKafkaClient",
                 "open_from_beginning"}
 PRODUCERS = {"AIOKafkaProducer"}
-PASS_THROUGH = {("topic_reader.py", "options")}  # open_from_beginning hands its callers' options on
+# open_from_beginning and start_producer hand their callers' options on (start_producer's callers are checked below)
+PASS_THROUGH = {("topic_reader.py", "options"), ("bounded_producer.py", "options")}
 NOT_HERE = ("devstack",)  # the development broker's own tooling: rewritten for a secure devstack on its own
 
 
@@ -223,7 +224,10 @@ def test_every_kafka_client_in_the_pipeline_is_built_with_these_options():
             spread = {(_name(k.value.func) if isinstance(k.value, ast.Call) else _name(k.value))
                       for k in node.keywords if k.arg is None}
             where = f"{relative}:{node.lineno} {name}"
-            if name in CONSTRUCTORS:
+            if name == "start_producer" and not path.name == "bounded_producer.py":
+                if "producer_options" not in spread and "options" not in spread:
+                    missing.append(where)
+            elif name in CONSTRUCTORS:
                 wanted = {"producer_options"} if name in PRODUCERS else {"client_options", "producer_options"}
                 if not (spread & wanted or any((path.name, s) in PASS_THROUGH for s in spread)):
                     missing.append(where)

@@ -441,8 +441,44 @@ def test_a_stalled_producer_is_replaced_and_later_events_are_delivered(sender_do
         assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (2, 0, 1)
     else:             # t0 went to the stalled producer: lost and counted; the first replacement failed
         assert stalled.queued == [b"t0"] and good.delivered == [b"t1"]
-        assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (1, 1, 2)
+        assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (1, 1, 1), "a failed start not counted"
         assert stalled.stopped and stalled._sender.sender_task.cancelled(), "its sender is not left retrying"
+
+
+def test_a_producer_refused_for_its_sequence_is_replaced_not_kept_refusing():
+    """A batch refused with an out-of-order sequence costs its partition's sequence numbers: that producer's every
+    later batch is refused the same way, and the emitter dropped every event from then on (found in review)."""
+    import asyncio
+
+    from aiokafka.errors import NotLeaderForPartitionError, OutOfOrderSequenceNumber
+
+    from pipeline.router import EventEmitter
+    from pipeline.settings import load_settings
+    from tests.unit.fake_producers import DeliveringProducer, RefusingProducer
+
+    async def scenario():
+        emitter = EventEmitter(load_settings(env={}), "unused", start_timeout_s=0.2, delivery_timeout_s=0.3)
+        passing, spoiled, good = RefusingProducer(NotLeaderForPartitionError()), \
+            RefusingProducer(OutOfOrderSequenceNumber()), DeliveringProducer()
+
+        async def new_producer():
+            return good
+
+        emitter._new_producer = new_producer
+        emitter._task = asyncio.create_task(emitter._pump())
+        for producer, task in ((passing, "t0"), (spoiled, "t1")):
+            emitter._producer = producer
+            emitter.emit({"task_id": task})
+            await asyncio.wait_for(emitter.queue.join(), 5)
+            if producer is passing:
+                assert emitter._producer is passing, "a refusal of that batch alone keeps the producer"
+        emitter.emit({"task_id": "t2"})
+        await emitter.stop(drain_timeout_s=5)
+        return emitter, spoiled, good
+
+    emitter, spoiled, good = asyncio.run(scenario())
+    assert spoiled.stopped and good.delivered == [b"t2"]
+    assert (emitter.sent, emitter.dropped, emitter.producers_replaced) == (1, 2, 1)
 
 
 def test_a_quiet_pool_may_retry_a_failure_whatever_its_budget():
