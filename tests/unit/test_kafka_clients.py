@@ -244,3 +244,21 @@ def test_the_router_library_still_imports_no_kafka_library():
     out = subprocess.run([sys.executable, "-c", check], cwd=PIPELINE.parent, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_aiokafka_internals_the_bounded_stop_relies_on_are_there():
+    """``bounded_producer`` reads a producer's sender task and fails its accumulator's batches: an aiokafka
+    release that renames them must fail here, not leave a stop that closes less than it says."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    from pipeline.bounded_producer import sender_stopped, sender_task
+
+    async def build():
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")
+        return producer, type(producer._sender).sender_task, producer._message_accumulator.fail_all, producer.client
+
+    producer, task_property, fail_all, client = asyncio.run(build())
+    assert isinstance(task_property, property) and callable(fail_all) and hasattr(client, "close")
+    assert sender_task(producer) is None and not sender_stopped(producer), "not started: no sender task yet"
