@@ -7,12 +7,15 @@ prefixes them so that tests and tenants can share a broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .kafka_clients import client_options
 from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -135,13 +138,14 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **client_options(settings))
     await admin.start()
+    deadline = time.monotonic() + TOPICS_READY_TIMEOUT_S
     try:
-        existing = set(await admin.list_topics())
+        existing = set(await _retried(admin.list_topics, deadline))
         configs = topic_configs(settings)
         wanted = [NewTopic(name, partitions, settings.topic_replication_factor, topic_configs=config)
                   for name, (partitions, config) in configs.items() if name not in existing]
         if wanted:
-            response = await admin.create_topics(wanted)
+            response = await _retried(lambda: admin.create_topics(wanted), deadline)
             for name, code, message in getattr(response, "topic_errors", ()) or ():
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
@@ -154,6 +158,22 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
 TOPICS_READY_TIMEOUT_S = 60.0
 
 
+async def _retried(request: Any, deadline: float) -> Any:
+    """An admin request, asked again on a retriable error until ``deadline``. aiokafka's admin client sends
+    each request to one broker picked at random: with a broker down (or one just started, listed in the
+    metadata before its listener accepts), a start-up failed on that pick alone (CI, session 24)."""
+    from aiokafka.errors import KafkaError
+
+    while True:
+        try:
+            return await request()
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() >= deadline:
+                raise
+            log.warning("topic admin request failed (%s: %.200s); asking again", type(exc).__name__, exc)
+            await asyncio.sleep(0.5)
+
+
 async def wait_until_led(admin: Any, names: list[str], timeout_s: float) -> None:
     """Return once every partition of every topic in ``names`` has a leader in the cluster's metadata.
 
@@ -163,7 +183,7 @@ async def wait_until_led(admin: Any, names: list[str], timeout_s: float) -> None
     Raises ``RuntimeError`` naming the topics still without leaders when ``timeout_s`` runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = leaderless(await admin.describe_topics(names))
+        missing = leaderless(await _retried(lambda: admin.describe_topics(names), deadline))
         if not missing:
             return
         if time.monotonic() >= deadline:

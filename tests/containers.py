@@ -188,7 +188,9 @@ class ContainerKafkaCluster:
         return "\n".join(f"--- node {n} ---\n{_logs(c)}" for n, c in self.containers.items())
 
     def _wait_brokers(self, nodes: set[int], timeout_s: float) -> None:
-        """Until the cluster's metadata lists every node in ``nodes`` as a broker."""
+        """Until each node in ``nodes`` answers on its own listener with metadata listing all of them (as the
+        devstack waits): asking any node was not enough, since a broker is listed once registered, before its
+        listener accepts, and an admin request sent to it then failed (CI, session 24)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for node in nodes:
@@ -196,15 +198,17 @@ class ContainerKafkaCluster:
                 c.reload()
                 if c.status == "exited":
                     raise RuntimeError(f"kafka node {node} exited:\n{_logs(self.containers[node])}")
-            if nodes <= asyncio.run(self._live_brokers()):
+            if all(nodes <= asyncio.run(self._live_brokers(only=n)) for n in nodes):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"brokers {sorted(nodes)} did not join within {timeout_s:.0f}s\n{self._logs_of_all()}")
 
-    async def _live_brokers(self) -> set[int]:
+    async def _live_brokers(self, only: int | None = None) -> set[int]:
+        """The brokers the cluster's metadata lists, asked of any node whose port is open, or of node ``only``
+        on its own listener."""
         from aiokafka import AIOKafkaClient
 
-        live = [f"127.0.0.1:{p}" for n, p in self.ports.items() if _port_open(p)]
+        live = [f"127.0.0.1:{p}" for n, p in self.ports.items() if (only is None or n == only) and _port_open(p)]
         if not live:
             return set()
         client = AIOKafkaClient(bootstrap_servers=",".join(live), request_timeout_ms=3000)

@@ -1,5 +1,7 @@
 from itertools import islice
 
+import pytest
+
 from pipeline import topics
 from pipeline.events import ReplicaSample, RequestEvent, decode
 from pipeline.settings import load_settings
@@ -56,3 +58,28 @@ def test_a_topic_is_ready_only_when_known_and_every_partition_has_a_leader():
     ]
     assert topics.leaderless(described) == ["electing", "no-partitions-yet", "unknown"]
     assert topics.leaderless(described[:1]) == []
+
+
+def test_an_admin_request_is_asked_again_on_a_retriable_error_only():
+    """aiokafka's admin client sends a request to one broker picked at random: one not ready (down, or listed
+    before its listener accepts) failed ``ensure_topics``, and so a worker's start, on that pick alone."""
+    import asyncio
+    import time
+
+    from aiokafka.errors import NodeNotReadyError, TopicAuthorizationFailedError
+
+    from pipeline.topics import _retried
+
+    def failing(errors: list):
+        async def request():
+            if errors:
+                raise errors.pop(0)
+            return "answered"
+        return request
+
+    assert asyncio.run(_retried(failing([NodeNotReadyError(), NodeNotReadyError()]), time.monotonic() + 10)) \
+        == "answered"
+    with pytest.raises(TopicAuthorizationFailedError):
+        asyncio.run(_retried(failing([TopicAuthorizationFailedError()]), time.monotonic() + 10))
+    with pytest.raises(NodeNotReadyError):   # past the deadline: the error, not a wait without end
+        asyncio.run(_retried(failing([NodeNotReadyError()] * 100), time.monotonic()))
