@@ -138,8 +138,10 @@ ROUTER_EVENTS_DROPPED = Counter("sluice_router_events_dropped_total",
                                 "not be encoded, or the broker refused it or did not acknowledge it in time.",
                                 registry=REGISTRY)
 ROUTER_EMITTER_RESTARTS = Counter("sluice_router_emitter_producer_restarts_total",
-                                  "Kafka producers a router's emitter replaced: its sender had stopped, or it left "
-                                  "events unacknowledged past the emitter's delivery timeout.", registry=REGISTRY)
+                                  "Kafka producers a router's emitter replaced: its sender had stopped, it left "
+                                  "events unacknowledged past the emitter's delivery timeout, or the broker refused "
+                                  "it in a way every later batch would be (an out-of-order sequence).",
+                                  registry=REGISTRY)
 
 ROUTER_FOLLOW_ERRORS = Counter("sluice_router_follow_errors_total",
                                "Errors a router met following the admission topic (it backs off and reads "

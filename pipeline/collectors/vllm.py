@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 SCRAPE_FAILURES = Counter("sluice_collector_scrape_failures_total", "Engine scrapes that failed or were garbled.",
                           ["replica"], registry=REGISTRY)
 COLLECTOR_SAMPLES_LOST = Counter("sluice_collector_samples_lost_total",
-                                 "Samples not acknowledged by Kafka in time, or with no producer to send them: "
-                                 "the producer is replaced and the next sample tries again.", registry=REGISTRY)
+                                 "Samples not acknowledged by Kafka in time, refused in a way every later one would "
+                                 "be, or with no producer to send them: the producer is replaced and the next "
+                                 "sample tries again.", registry=REGISTRY)
 
 
 @dataclass

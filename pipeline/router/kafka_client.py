@@ -116,8 +116,9 @@ class RouterClient:
 class EventEmitter:
     """Publishes RequestEvents for a router: ``emit`` never blocks; a full buffer drops and counts, and so
     does an event that cannot be encoded, that the broker refuses or that is not acknowledged within
-    ``delivery_timeout_s`` (the pump goes on). A producer whose sender stopped, or that left a batch
-    unacknowledged that long, is replaced: without that, one stalled producer stopped every later event."""
+    ``delivery_timeout_s`` (the pump goes on). A producer whose sender stopped, that left a batch
+    unacknowledged that long, or that was refused in a way every later batch would be (``spoils_producer``)
+    is replaced: without that, one stalled producer stopped every later event."""
 
     def __init__(self, settings: Settings, bootstrap: str, buffer: int = 10000, batch: int = 500,
                  start_timeout_s: float = START_TIMEOUT_S, delivery_timeout_s: float = DELIVERY_TIMEOUT_S) -> None:
