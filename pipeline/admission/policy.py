@@ -32,6 +32,10 @@ never shed while a lower class is still admitted. L has two parts:
   admitted rate, KV cache or compute at that share of its limit): pressure
   that admitted work is not causing — a lagging latency axis, a replica
   just lost — would otherwise wind the level up while the fleet sits idle.
+  It also stands still while the level cannot follow it (moving at its
+  bounded step the same way, or held by the proportional part): a trim
+  that unwound while the level walked down after a spike carried the level
+  past what the pool takes, and the shed work waiting came back as a wave.
 
 The level itself moves at most ``level_step_up`` / ``level_step_down`` per
 tick, and turns back (shed less after shedding more, or the reverse) only by
@@ -413,11 +417,6 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         state = _state_for(pressure, prior, previous.state_since_ms, now_ms, cfg)
         since = previous.state_since_ms if state == previous.state else now_ms
         top = _top_level(cfg)
-        trim = previous.trim
-        if pressure > cfg.target_pressure and busy(picture) >= cfg.windup_utilisation:
-            trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
-        elif pressure < cfg.recover_pressure or busy(picture) < cfg.windup_utilisation:
-            trim -= cfg.step_down
         leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
         # only a measured figure carries over: the profile's figure of a pool whose replicas are still
         # being heard from (two of ten sampled at a worker's start) is not a measurement to climb back from
@@ -425,8 +424,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                                     leading, cfg)
         measured = capacity < float(picture["axes"]["demand"]["limit"])
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
-        trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
+        trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, cfg)
+        trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level
         if turn * previous.direction < 0 and abs(turn) <= cfg.reversal_deadband and 0 < desired < top:
@@ -523,6 +523,22 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     capacity_rps=round(capacity, 6), capacity_measured=measured,
                     tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), warm_relief=relief,
                     signal=signal)
+
+
+def _integrated_trim(previous: Decision, pressure: float, busy_share: float, untrimmed: float,
+                     cfg: AdmissionConfig) -> float:
+    """The trim after this tick's integration (module docstring): it moves only while the level can follow
+    it. ``untrimmed`` is the feed-forward plus the proportional part; their sum with the trim is where the
+    level would go, so a reach past the level's bounded step means the level cannot follow."""
+    trim = previous.trim
+    reach = untrimmed + trim - previous.shed_level   # where the level would go with the trim unchanged
+    if pressure > cfg.target_pressure and busy_share >= cfg.windup_utilisation:
+        if reach < cfg.level_step_up:
+            trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
+    elif pressure < cfg.recover_pressure or busy_share < cfg.windup_utilisation:
+        if reach > -cfg.level_step_down:
+            trim -= cfg.step_down
+    return trim
 
 
 def _fast_window_s(picture: Mapping[str, Any]) -> float:

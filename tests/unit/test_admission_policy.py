@@ -73,6 +73,22 @@ def test_bounded_steps_no_cliffs_and_gradual_recovery():
     assert levels[-1] == 0.0 and decisions[-1].signal["admit_fraction"]["deferrable"] == 1.0
 
 
+def test_the_trim_integrates_only_while_the_level_follows_it():
+    """Conditional integration (anti-windup): the trim does not move while the level cannot follow — held
+    at the top by the proportional part, or coming down at ``level_step_down`` a tick. A trim that kept
+    integrating stored up shedding for after the queue drained, or landed far below the level and carried
+    it past what the pool takes when it got there (the wave of shed work after a spike)."""
+    busy = {"kv_cache": 0.6}   # the fleet busy enough for the trim to integrate
+    decisions = run([{"latency": 1.5, **busy}] * 80 + [{"queue": 5.0, **busy}] * 40 + [busy] * 200)
+    before, top = decisions[79], decisions[119]
+    assert before.trim > 1.0                                   # the slow trim found an offset
+    assert top.shed_level == 4 - CFG.critical_floor and top.trim <= before.trim + CFG.max_step_up
+    walking = [d for d in decisions[120:] if d.shed_level > d.trim + CFG.level_step_down]
+    assert len(walking) >= 10
+    assert min(d.trim for d in walking) >= top.trim - CFG.step_down - 1e-9   # held (one step at the turn)
+    assert decisions[-1].shed_level == 0.0
+
+
 def test_escalation_is_immediate_deescalation_waits_for_dwell():
     decisions = run([{"latency": 1.4}] + [{"latency": 0.2}] * 30)
     assert decisions[0].state == "critical"
