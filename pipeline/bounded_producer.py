@@ -46,6 +46,27 @@ def abandon(futures: Any) -> None:
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
+class NotDelivered(Exception):
+    """Records the broker did not acknowledge in time (a one-shot publisher fails with it, loudly)."""
+
+
+async def delivered(futures: list, timeout_s: float | None = None) -> None:
+    """Wait for every send's acknowledgement, ``timeout_s`` at most: the first refusal is raised as it is,
+    and records still unacknowledged then raise ``NotDelivered`` (never cancelled: their producer's stop
+    fails them)."""
+    if not futures:
+        return
+    timeout_s = DELIVERY_TIMEOUT_S if timeout_s is None else timeout_s
+    done, waiting = await asyncio.wait(futures, timeout=timeout_s)
+    if waiting:
+        abandon(waiting)
+        abandon(done)
+        raise NotDelivered(f"{len(waiting)} of {len(futures)} records not acknowledged by the broker within "
+                           f"{timeout_s:.0f} s")
+    for future in done:
+        future.result()
+
+
 async def start_producer(bootstrap: str, timeout_s: float = START_TIMEOUT_S, **options: Any) -> Any:
     """A started ``AIOKafkaProducer``, or an error within ``timeout_s`` (what it opened is closed)."""
     from aiokafka import AIOKafkaProducer
@@ -59,10 +80,11 @@ async def start_producer(bootstrap: str, timeout_s: float = START_TIMEOUT_S, **o
     return producer
 
 
-async def stop_producer(producer: Any, timeout_s: float = START_TIMEOUT_S) -> None:
+async def stop_producer(producer: Any, timeout_s: float | None = None) -> None:
     """Stop, flushing for ``timeout_s`` at most; then close whatever is left, failing what was not delivered,
     so no task of the producer stays behind retrying for as long as the process lives. Cancelled meanwhile
     (a shutdown), the closing still happens, in the background."""
+    timeout_s = START_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         await asyncio.wait_for(producer.stop(), timeout_s)
         return

@@ -164,6 +164,9 @@ def cmd_otel_bridge(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
+
+    from .bounded_producer import NotDelivered
     from .devstack.kafka import bootstrap_servers
     from .sim.producer import produce
     from .sim.replay import Fleet, generate, load_trace
@@ -176,7 +179,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
     events = generate(trace, args.rate, args.seconds, args.seed, start_ms, fleet)
     catalogue = bad_inputs(settings.max_event_bytes)
     bad = [catalogue[i % len(catalogue)] for i in range(args.bad)]
-    counts = asyncio.run(produce(settings, bootstrap_servers(settings), events, paced=not args.fast, bad=bad))
+    try:
+        counts = asyncio.run(produce(settings, bootstrap_servers(settings), events, paced=not args.fast, bad=bad))
+    except (NotDelivered, KafkaError, asyncio.TimeoutError) as exc:
+        sys.exit(f"sluice produce: the broker did not take the events ({type(exc).__name__}: {exc})")
     print(json.dumps({"requests": counts.requests, "replicas": counts.replicas, "bad": counts.bad,
                       "total": counts.total, "bad_reasons": counts.bad_reasons}))
     return 0

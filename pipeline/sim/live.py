@@ -19,6 +19,7 @@ import orjson
 
 from .. import topics
 from ..admission.keyring import active_key
+from ..bounded_producer import abandon, delivered, stop_producer
 from ..kafka_clients import client_options
 from ..pools_view import absorb, format_table
 from ..router import Request, RouterClient, Verdict
@@ -27,7 +28,7 @@ from ..topic_reader import open_from_beginning
 from .controllers import NoControl
 from .fleet import FleetSim
 from .outcome import Outcome, summarise
-from .producer import producer_for
+from .producer import start_publisher
 from .scenarios import Capacity, Fleet, Scenario, build_sim
 
 
@@ -64,8 +65,7 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
     outbox: list[tuple[str, dict]] = []
     sim = build_sim(scenario, controller, fleet, capacity, emit=lambda kind, event: outbox.append((kind, event)),
                     start_ms=int(time.time() * 1000))
-    producer = producer_for(settings, bootstrap)
-    await producer.start()
+    producer = await start_publisher(settings, bootstrap)
     follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
     pictures: dict[str, dict] = {}
     requests_topic, replicas_topic = topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)
@@ -82,7 +82,7 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
                               else (replicas_topic, event["replica_id"]))
                 pending.append(await producer.send(topic, orjson.dumps(event), key=key.encode()))
             if len(pending) > 2000 or not running:
-                await asyncio.gather(*pending)
+                await delivered(pending)
                 pending = []
             signal = router.book.signals.get(sim.pool)
             if signal is not None:
@@ -99,9 +99,8 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
                 break
             await asyncio.sleep(0.01)
     finally:
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await producer.stop()
+        abandon(pending)
+        await stop_producer(producer)   # fails what is still undelivered after its bounded flush
         await follower.stop()
         await router.stop()
     return sim, summarise(sim, sim.stats, fleet.duration_s)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import orjson
-from aiokafka import AIOKafkaProducer
 
 from .. import topics
+from ..bounded_producer import abandon, delivered, start_producer, stop_producer
 from ..kafka_clients import producer_options
 from ..settings import Settings
 from .replay import Emitted
@@ -28,16 +28,21 @@ class Produced:
         return self.requests + self.replicas + self.bad
 
 
-def producer_for(settings: Settings, bootstrap: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=262144,
-                            max_request_size=topics.raw_topic_max_bytes(settings) + 65536,
-                            **producer_options(settings))
+async def start_publisher(settings: Settings, bootstrap: str):
+    """A started producer for the raw topics, within ``bounded_producer``'s start bound: a broker that does not
+    answer fails the run in 30 s instead of holding it for ever."""
+    return await start_producer(bootstrap, linger_ms=20, max_batch_size=262144,
+                                max_request_size=topics.raw_topic_max_bytes(settings) + 65536,
+                                **producer_options(settings))
 
 
 async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted], paced: bool,
                   bad: Iterable[tuple[str, bytes | None, bytes | None]] = (),
                   progress: Callable[[float], None] | None = None, stamp: bool = False) -> Produced:
     """Send every event (and the given bad records, spread through the stream) and wait for delivery.
+
+    A batch the broker does not acknowledge within ``bounded_producer.DELIVERY_TIMEOUT_S`` fails the run
+    (``NotDelivered``): an idempotent producer never gives up on a batch, so the wait is bounded here.
 
     ``bad`` is (expected reason, value, key) for the raw requests topic. With ``stamp`` each event's
     ``event_time`` is the moment it is sent, as live routers do: a producer that falls behind its
@@ -48,8 +53,7 @@ async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted]
     replicas_topic = topics.REPLICAS.name(settings)
     counts = Produced()
     bad = list(bad)
-    producer = producer_for(settings, bootstrap)
-    await producer.start()
+    producer = await start_publisher(settings, bootstrap)
     pending = []
     try:
         start = time.monotonic()
@@ -73,13 +77,14 @@ async def produce(settings: Settings, bootstrap: str, emitted: Iterable[Emitted]
                 counts.bad += 1
                 counts.bad_reasons[reason] = counts.bad_reasons.get(reason, 0) + 1
             if len(pending) >= 5000:
-                await asyncio.gather(*pending)
+                await delivered(pending)
                 pending.clear()
         for reason, value, key in bad:
             pending.append(await producer.send(requests_topic, value, key=key))
             counts.bad += 1
             counts.bad_reasons[reason] = counts.bad_reasons.get(reason, 0) + 1
-        await asyncio.gather(*pending)
+        await delivered(pending)
     finally:
-        await producer.stop()
+        abandon(pending)
+        await stop_producer(producer)
     return counts

@@ -179,3 +179,37 @@ def test_chunked_prefill_frees_what_an_aborted_or_lost_prefill_held():
     replica.enqueue(other)
     replica.start_step()
     assert replica.fail_all() == [other] and replica.kv_used() == 0
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_publisher_fails_loudly_when_the_broker_does_not_take_its_events(monkeypatch, refused):
+    """``sluice produce`` (the demo's and the bench's publisher) awaited every send with no bound, and an
+    idempotent aiokafka producer never expires a batch: a broker that stopped acknowledging held the run
+    for ever. It now fails within the delivery bound (or with the broker's refusal), its producer closed."""
+    import asyncio
+
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from pipeline import bounded_producer
+    from pipeline.settings import load_settings
+    from pipeline.sim import producer as publisher
+    from pipeline.sim.replay import Emitted
+    from tests.unit.fake_producers import RefusingProducer, StalledProducer
+
+    monkeypatch.setattr(bounded_producer, "DELIVERY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(bounded_producer, "START_TIMEOUT_S", 0.2)
+    made = []
+
+    async def start(bootstrap, **options):
+        made.append(RefusingProducer(TopicAuthorizationFailedError()) if refused else StalledProducer(False))
+        return made[-1]
+
+    monkeypatch.setattr(publisher, "start_producer", start)
+    events = [Emitted(0.0, "request", f"t{i}", {"task_id": f"t{i}"}) for i in range(3)]
+    expected = TopicAuthorizationFailedError if refused else bounded_producer.NotDelivered
+    with pytest.raises(expected) as failure:
+        asyncio.run(asyncio.wait_for(publisher.produce(load_settings(env={}), "unused", events, paced=False), 5))
+    assert made[0].stopped
+    if not refused:
+        assert "3 of 3 records not acknowledged" in str(failure.value)
+        assert made[0]._sender.sender_task.cancelled(), "its sender is not left retrying"
