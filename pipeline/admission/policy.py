@@ -32,10 +32,12 @@ never shed while a lower class is still admitted. L has two parts:
   admitted rate, KV cache or compute at that share of its limit): pressure
   that admitted work is not causing — a lagging latency axis, a replica
   just lost — would otherwise wind the level up while the fleet sits idle.
-  It also stands still while the level cannot follow it (moving at its
-  bounded step the same way, or held by the proportional part): a trim
-  that unwound while the level walked down after a spike carried the level
-  past what the pool takes, and the shed work waiting came back as a wave.
+  It also stands still while the level cannot follow it — where the level
+  would go is past its bounded step (walking down after a spike, or held
+  at the top) — unless the reversal deadband is what holds the level, where
+  only the trim can carry a turn past it: a trim that unwound while the
+  level walked down carried the level past what the pool takes, and the
+  shed work waiting came back as a wave.
 
 The level itself moves at most ``level_step_up`` / ``level_step_down`` per
 tick, and turns back (shed less after shedding more, or the reverse) only by
@@ -527,16 +529,17 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
 
 def _integrated_trim(previous: Decision, pressure: float, busy_share: float, untrimmed: float,
                      cfg: AdmissionConfig) -> float:
-    """The trim after this tick's integration (module docstring): it moves only while the level can follow
-    it. ``untrimmed`` is the feed-forward plus the proportional part; their sum with the trim is where the
-    level would go, so a reach past the level's bounded step means the level cannot follow."""
+    """The trim after this tick's integration (module docstring). ``untrimmed`` is the feed-forward plus the
+    proportional part; with the trim it is where the level would go. Frozen inside the deadband too, a
+    steady turn waited out the whole dwell (found in review)."""
     trim = previous.trim
-    reach = untrimmed + trim - previous.shed_level   # where the level would go with the trim unchanged
+    reach = untrimmed + trim - previous.shed_level   # how far the level would go with the trim unchanged
+    turning = reach * previous.direction < 0 and abs(reach) <= cfg.reversal_deadband   # the deadband holds it
     if pressure > cfg.target_pressure and busy_share >= cfg.windup_utilisation:
-        if reach < cfg.level_step_up:
+        if reach < cfg.level_step_up or turning:
             trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
     elif pressure < cfg.recover_pressure or busy_share < cfg.windup_utilisation:
-        if reach > -cfg.level_step_down:
+        if reach > -cfg.level_step_down or turning:
             trim -= cfg.step_down
     return trim
 

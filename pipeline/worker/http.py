@@ -13,19 +13,23 @@ from .. import metrics
 from ..settings import Settings
 from ..sinks.readonly import QueryRefused, ReadLimits
 from ..sinks.store import StoreQueryError
+from .stall_watch import PRODUCER_WAITS, StallWatch
 
 
 QUERY_MAX_BYTES = 256 * 1024
 
 
-def health(control: Any, landing: Any) -> tuple[bool, dict]:
-    """Healthy when each path this worker runs consumes, and the landing path's store answers.
+def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODUCER_WAITS) -> tuple[bool, dict]:
+    """Healthy when each path this worker runs consumes, the landing path's store answers, and no wait on
+    the Kafka producer has lasted ``stall_s`` (stall_watch: only a restart brings a new producer).
 
     In ``all`` the store's state is reported but does not fail the check: a
     restart would cost the fleet its admission control and bring no store back.
     """
     body: dict[str, Any] = {}
-    ok = True
+    stuck = waits.stuck(stall_s)
+    body["producer_stuck_s"] = stuck
+    ok = not stuck
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
         body["control"] = {"consuming": consuming}
@@ -43,7 +47,7 @@ def health(control: Any, landing: Any) -> tuple[bool, dict]:
 def add_pages(app: faust.App, settings: Settings, control: Any, landing: Any, stage2: Any) -> None:
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
-        ok, body = health(control, landing)
+        ok, body = health(control, landing, settings.producer_stall_s)
         return web.json(body, status=200 if ok else 503)
 
     @app.page("/metrics")

@@ -40,6 +40,7 @@ from ..load.picture import AXES
 from ..settings import Settings, SettingsError
 from ..pools_view import absorb
 from ..topic_reader import open_from_beginning, read_since, read_to_end
+from .stall_watch import PRODUCER_WAITS
 
 log = logging.getLogger(__name__)
 KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
@@ -243,13 +244,15 @@ class Stage2:
         self.failing = dict(step.failed)
         for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
             self._unwanted(pool.encode(), table_key(pool, partial_id))
-        sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
-        sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
-        for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
-            sent += [await topic.send(key=pool.encode(), value=None) for topic in (self.load_topic, self.admission_topic)]
-            metrics.POOLS_FORGOTTEN.inc()
-        if sent:
-            await asyncio.gather(*sent)
+        with PRODUCER_WAITS.waiting("signals"):
+            sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
+            sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
+            for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
+                sent += [await topic.send(key=pool.encode(), value=None)
+                         for topic in (self.load_topic, self.admission_topic)]
+                metrics.POOLS_FORGOTTEN.inc()
+            if sent:
+                await asyncio.gather(*sent)
         for picture in step.pictures:
             metrics.PICTURE_LAG.observe(max(0.0, now - picture["watermark_ms"] / 1000))
             export_picture(picture)

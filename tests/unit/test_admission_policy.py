@@ -89,6 +89,20 @@ def test_the_trim_integrates_only_while_the_level_follows_it():
     assert decisions[-1].shed_level == 0.0
 
 
+@pytest.mark.parametrize("knobs", [{}, {"level_step_down": 0.05}, {"reversal_deadband": 0.2, "dwell_s": 30.0}])
+def test_a_turn_the_deadband_holds_is_carried_by_the_trim_not_waited_out(knobs):
+    """Inside the reversal deadband it is the trim that carries a turn past it: a first version froze the trim
+    there too, and a calm pool held its shed level for the whole dwell (found in review)."""
+    cfg = replace(CFG, **knobs)
+    busy = {"kv_cache": 0.6}
+    decisions = run([{"latency": 1.5, **busy}] * 40 + [busy] * 200, cfg=cfg)
+    peak = decisions[39].shed_level
+    assert peak > 0.5
+    first_down = next(i for i, d in enumerate(decisions[40:]) if d.shed_level < peak - 1e-9)
+    assert first_down <= 4 and sum(1 for d in decisions[40:] if d.held_since_ms) <= 4
+    assert decisions[-1].shed_level == 0.0
+
+
 def test_escalation_is_immediate_deescalation_waits_for_dwell():
     decisions = run([{"latency": 1.4}] + [{"latency": 0.2}] * 30)
     assert decisions[0].state == "critical"
