@@ -51,20 +51,20 @@ class NotDelivered(Exception):
 
 
 async def delivered(futures: list, timeout_s: float | None = None) -> None:
-    """Wait for every send's acknowledgement, ``timeout_s`` at most: the first refusal is raised as it is,
-    and records still unacknowledged then raise ``NotDelivered`` (never cancelled: their producer's stop
-    fails them)."""
+    """Wait for every send's acknowledgement, ``timeout_s`` at most. A refusal is raised as soon as one comes
+    (the first in the order sent, of those refused by then); records still unacknowledged at the bound, with
+    none refused, raise ``NotDelivered``. Nothing is cancelled: the producer's stop fails what is left."""
     if not futures:
         return
     timeout_s = DELIVERY_TIMEOUT_S if timeout_s is None else timeout_s
-    done, waiting = await asyncio.wait(futures, timeout=timeout_s)
+    _, waiting = await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+    abandon(futures)
+    refused = next((f for f in futures if f.done() and not f.cancelled() and f.exception() is not None), None)
+    if refused is not None:
+        refused.result()
     if waiting:
-        abandon(waiting)
-        abandon(done)
         raise NotDelivered(f"{len(waiting)} of {len(futures)} records not acknowledged by the broker within "
                            f"{timeout_s:.0f} s")
-    for future in done:
-        future.result()
 
 
 async def start_producer(bootstrap: str, timeout_s: float = START_TIMEOUT_S, **options: Any) -> Any:

@@ -166,7 +166,7 @@ def cmd_otel_bridge(args: argparse.Namespace) -> int:
 def cmd_produce(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
-    from .bounded_producer import NotDelivered
+    from .bounded_producer import START_TIMEOUT_S, NotDelivered
     from .devstack.kafka import bootstrap_servers
     from .sim.producer import produce
     from .sim.replay import Fleet, generate, load_trace
@@ -181,7 +181,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
     bad = [catalogue[i % len(catalogue)] for i in range(args.bad)]
     try:
         counts = asyncio.run(produce(settings, bootstrap_servers(settings), events, paced=not args.fast, bad=bad))
-    except (NotDelivered, KafkaError, asyncio.TimeoutError) as exc:
+    except asyncio.TimeoutError:
+        sys.exit(f"sluice produce: the broker did not answer within {START_TIMEOUT_S:.0f} s")
+    except (NotDelivered, KafkaError) as exc:
         sys.exit(f"sluice produce: the broker did not take the events ({type(exc).__name__}: {exc})")
     print(json.dumps({"requests": counts.requests, "replicas": counts.replicas, "bad": counts.bad,
                       "total": counts.total, "bad_reasons": counts.bad_reasons}))

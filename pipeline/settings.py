@@ -166,9 +166,10 @@ class Settings:
     log_level: str = field(default="info", metadata=_doc(
         "Worker log level.", choices=("crit", "error", "warn", "info", "debug")))
     producer_stall_s: float = field(default=60.0, metadata=_doc(
-        "A worker whose wait on its Kafka producer (signals, partials, dead letters) lasts longer than this, "
-        "seconds, fails /healthz, so that it is restarted with a new producer: an idempotent producer never "
-        "gives up on a batch the broker does not acknowledge.", min=5, max=3600))
+        "A wait on the worker's Kafka producer (signals, partials, dead letters) longer than this, seconds, is "
+        "named in /healthz's body (producer_stuck_s): an idempotent producer never gives up on a batch the "
+        "broker does not acknowledge. It does not fail the check (a restart meets the same broker); a producer "
+        "whose sender ended or that a refusal spoiled does.", min=5, max=3600))
     tick_s: float = field(default=0.5, metadata=_doc(
         "Stage 2 steps the control loop every tick, seconds: pictures of changed pools, decisions, signals. "
         "The admission policy's steps (gain, step_down, level steps) are per tick, tuned at 0.5.",

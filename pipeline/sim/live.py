@@ -65,8 +65,15 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
     outbox: list[tuple[str, dict]] = []
     sim = build_sim(scenario, controller, fleet, capacity, emit=lambda kind, event: outbox.append((kind, event)),
                     start_ms=int(time.time() * 1000))
-    producer = await start_publisher(settings, bootstrap)
-    follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
+    producer = follower = None
+    try:
+        producer = await start_publisher(settings, bootstrap)
+        follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
+    except BaseException:   # what started is stopped: a run that cannot begin leaves nothing behind
+        if producer is not None:
+            await stop_producer(producer)
+        await router.stop()
+        raise
     pictures: dict[str, dict] = {}
     requests_topic, replicas_topic = topics.REQUESTS.name(settings), topics.REPLICAS.name(settings)
     started = time.monotonic()

@@ -10,6 +10,7 @@ import faust
 from aiohttp import web as aio_web
 
 from .. import metrics
+from ..bounded_producer import sender_stopped
 from ..settings import Settings
 from ..sinks.readonly import QueryRefused, ReadLimits
 from ..sinks.store import StoreQueryError
@@ -19,17 +20,21 @@ from .stall_watch import PRODUCER_WAITS, StallWatch
 QUERY_MAX_BYTES = 256 * 1024
 
 
-def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODUCER_WAITS) -> tuple[bool, dict]:
-    """Healthy when each path this worker runs consumes, the landing path's store answers, and no wait on
-    the Kafka producer has lasted ``stall_s`` (stall_watch: only a restart brings a new producer).
+def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODUCER_WAITS,
+           producer: Any = None) -> tuple[bool, dict]:
+    """Healthy when each path this worker runs consumes, the landing path's store answers, and the Kafka
+    producer can still deliver (its sender runs, no refusal spoiled it: only a restart brings a new one).
 
-    In ``all`` the store's state is reported but does not fail the check: a
-    restart would cost the fleet its admission control and bring no store back.
+    Waits on the producer older than ``stall_s`` are named in the body but do not fail the check: the
+    broker is slow or away, and a restart would meet the same broker (stall_watch). In ``all`` the store's
+    state is reported but does not fail the check either: a restart would cost the fleet its admission
+    control and bring no store back.
     """
-    body: dict[str, Any] = {}
-    stuck = waits.stuck(stall_s)
-    body["producer_stuck_s"] = stuck
-    ok = not stuck
+    body: dict[str, Any] = {"producer_stuck_s": waits.stuck(stall_s)}
+    spent = "its sender task ended" if sender_stopped(producer) else waits.spoiled
+    if spent:
+        body["producer_spent"] = spent
+    ok = not spent
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
         body["control"] = {"consuming": consuming}
@@ -47,7 +52,8 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
 def add_pages(app: faust.App, settings: Settings, control: Any, landing: Any, stage2: Any) -> None:
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
-        ok, body = health(control, landing, settings.producer_stall_s)
+        ok, body = health(control, landing, settings.producer_stall_s,
+                          producer=getattr(app.producer, "_producer", None))
         return web.json(body, status=200 if ok else 503)
 
     @app.page("/metrics")

@@ -1,11 +1,14 @@
-"""How long each of the worker's waits on its Kafka producer has lasted.
+"""How long each of the worker's waits on its Kafka producer has lasted, and whether the producer is spent.
 
 The worker's producer is idempotent, and aiokafka never expires an idempotent producer's batch: a broker that
-stops acknowledging, or a sender task that ended, holds every await on a send for ever. Faust's producer
-cannot be replaced under a running app, so the waits are watched instead: one older than
-``producer_stall_s`` fails /healthz, and the orchestrator restarts the worker with a fresh producer — where
-before the worker answered healthy while its ticks, partials or dead letters waited, and routers saw no new
-signal.
+stops acknowledging, or refuses with a retriable error (fewer in-sync replicas than ``min.insync.replicas``),
+holds every await on a send for as long as that lasts — the tick's signals, the cuts' partials, the dead
+letters. Each wait is timed: one older than ``producer_stall_s`` is named in /healthz's body and in
+``sluice_worker_producer_wait_seconds``, but does not fail the check, since a restart would meet the same
+broker (and cost a rebalance and a recovery on every worker at once). What a restart does cure — a producer
+whose sender task has ended, or that a refusal spoiled for every later batch (an out-of-order sequence;
+``bounded_producer``) — fails /healthz, for the orchestrator to restart the worker with a new producer: Faust's
+producer cannot be replaced in a running app.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from .. import metrics
+from ..bounded_producer import spoils_producer
 
 
 class StallWatch:
@@ -23,14 +27,20 @@ class StallWatch:
         self.clock = clock
         self._waiting: dict[int, tuple[str, float]] = {}
         self._ids = itertools.count()
+        self.spoiled: str | None = None   # the first refusal that spoiled the producer, if one did
 
     @contextmanager
     def waiting(self, what: str) -> Iterator[None]:
-        """Around one await on the producer: ``what`` names it in /healthz."""
+        """Around one await on the producer: ``what`` names it in /healthz; a refusal that spoils the producer
+        is remembered (``spoiled``) and raised on."""
         key = next(self._ids)
         self._waiting[key] = (what, self.clock())
         try:
             yield
+        except Exception as exc:
+            if spoils_producer(exc):
+                self.spoiled = f"{what}: {type(exc).__name__}"
+            raise
         finally:
             del self._waiting[key]
 

@@ -1,10 +1,9 @@
-"""A broker that stops acknowledging, under a real worker: /healthz says so, and recovers with the broker.
+"""A broker that stops acknowledging, under a real worker: /healthz names the wait, and clears with the broker.
 
 The worker's producer is idempotent, and aiokafka never expires an idempotent producer's batch: a broker
 that stops answering holds the worker's tick (its signals), its cuts (partials) and its dead letters on one
-await each, for as long as it stays away. The worker answered healthy all along, while routers saw no new
-signal. Faust's producer cannot be replaced in a running app, so a wait older than ``producer_stall_s``
-fails /healthz (stall_watch), for the orchestrator to restart the worker.
+await each, for as long as it stays away, and nothing said so. A wait older than ``producer_stall_s`` is now
+named in /healthz's body; it does not fail the check, since a restart would meet the same broker (stall_watch).
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ def pools(worker) -> list:
         return json.loads(response.read())["pools"]
 
 
-def test_a_broker_that_stops_acknowledging_fails_the_workers_health_until_it_answers_again(settings, worker_factory,
-                                                                                          tmp_path):
+def test_a_broker_that_stops_acknowledging_is_named_in_the_workers_health_until_it_answers_again(
+        settings, worker_factory, tmp_path):
     cluster = DevstackCluster(tmp_path / "one-broker", brokers=1).start()
     worker = None
     try:
@@ -54,20 +53,21 @@ def test_a_broker_that_stops_acknowledging_fails_the_workers_health_until_it_ans
         pid = cluster.devstack.info().nodes[0].pid
         os.kill(pid, signal.SIGSTOP)   # the broker holds every request: nothing is acknowledged, nothing refused
 
-        def failing():
+        def signals_stuck():   # the tick republishes every pool's signal at the heartbeat: it waits first
             code, body = health(worker)
-            return body if code == 503 else None
+            return (code, body) if "signals" in body["producer_stuck_s"] else None
 
         try:
-            body = wait_for(failing, STALL_S + 60, message="/healthz to fail on the wait for the frozen broker")
-            # the tick republishes every pool's signal at the heartbeat, so its wait is among the stuck ones
-            assert "signals" in body["producer_stuck_s"], body
-            assert min(body["producer_stuck_s"].values()) > STALL_S, body
-            assert not body["ok"], body
+            code, body = wait_for(signals_stuck, STALL_S + 60, message="/healthz to name the tick's wait")
+            assert code == 200 and body["ok"] and "producer_spent" not in body, body   # a restart would not help
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: health(worker)[0] == 200, 120, message="/healthz to recover with the broker")
-        assert health(worker)[1]["producer_stuck_s"] == {}
+
+        def recovered():
+            code, body = health(worker)
+            return code == 200 and body["producer_stuck_s"] == {}
+
+        wait_for(recovered, 120, message="the wait to end with the broker, and the worker healthy")
     finally:
         if worker is not None:
             worker.stop()   # before its broker: a worker whose broker is gone takes its whole stop timeout
