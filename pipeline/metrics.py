@@ -55,7 +55,7 @@ SINK_HELD = Gauge("sluice_sink_held", "1 while the sink holds a batch back becau
                   ["table"], registry=REGISTRY)
 PRODUCER_WAIT = Gauge("sluice_worker_producer_wait_seconds",
                       "How long the worker's oldest wait on its Kafka producer still going on has lasted (0: none); "
-                      "past producer_stall_s /healthz fails.", registry=REGISTRY)
+                      "past producer_stall_s /healthz names it (the broker is slow or away).", registry=REGISTRY)
 NEWEST_EVENT_TIME = Gauge("sluice_newest_event_time_seconds",
                           "Event time of the newest accepted event, by source topic (Unix seconds).",
                           ["topic"], registry=REGISTRY)
