@@ -32,7 +32,7 @@ from ..ingest import Record, RecentIds, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
-from .stall_watch import PRODUCER_WAITS
+from .stall_watch import send_all
 
 log = logging.getLogger(__name__)
 Where = tuple[str, int]
@@ -98,10 +98,8 @@ class ControlConsumer(BatchLoop):
         now_ms = int(time.time() * 1000)
         decoded = decode_records(cls, records, s.max_event_bytes, now_ms, seen, self.bounds)
         if decoded.dead_letters:
-            with PRODUCER_WAITS.waiting("dead letters"):
-                sent = [await self.dead_letter_topic.send(key=key, value=letter)
-                        for _, key, letter in decoded.dead_letters]
-                await asyncio.gather(*sent)
+            await send_all("dead letters", ((self.dead_letter_topic, key, letter)
+                                            for _, key, letter in decoded.dead_letters))
         self.cut_start.setdefault(where, records[0].offset)
         self.folded_to[where] = records[-1].offset
         builder = self._builder(where)
@@ -167,12 +165,9 @@ class ControlConsumer(BatchLoop):
             drained += self.builders[where].drain(f"{start}-{end}", topics.partial_budget_bytes())
             self.cut_start[where] = end + 1
             self.unconfirmed.add(where)
-        with PRODUCER_WAITS.waiting("partials"):
-            sent = [await self.partials_topic.send(key=p.pool.encode(), value=p.to_bytes()) for p in drained]
-            if sent:
-                await asyncio.gather(*sent)
-                metrics.PARTIALS_PUBLISHED.inc(len(sent))
-        return len(sent)
+        sent = await send_all("partials", ((self.partials_topic, p.pool.encode(), p.to_bytes()) for p in drained))
+        metrics.PARTIALS_PUBLISHED.inc(sent)
+        return sent
 
     async def assigned(self, consumer: Any, tp: Any) -> None:
         """Start a partition where the group left it, repeating a cut that may have been published."""

@@ -22,7 +22,7 @@ from ..sinks.block_sink import BlockSink
 from ..sinks.migrations import prepare_store
 from ..sinks.store import Store, StoreUnavailable, open_store
 from .consumer import BatchLoop, commit
-from .stall_watch import PRODUCER_WAITS
+from .stall_watch import send_all
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ class LandingConsumer(BatchLoop):
             await asyncio.to_thread(self.store.close)
 
     async def _send_dead_letter(self, key: bytes, value: bytes) -> None:
-        with PRODUCER_WAITS.waiting("dead letters"):
-            await (await self.dead_letter_topic.send(key=key, value=value))
+        await send_all("dead letters", [(self.dead_letter_topic, key, value)])
 
     async def check_store(self) -> bool:
         """A cheap query, so /healthz notices an unreachable store even while no batch is landing."""

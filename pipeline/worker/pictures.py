@@ -20,7 +20,6 @@ partials are still there (no partial of its partition came since).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -40,7 +39,7 @@ from ..load.picture import AXES
 from ..settings import Settings, SettingsError
 from ..pools_view import absorb
 from ..topic_reader import open_from_beginning, read_since, read_to_end
-from .stall_watch import PRODUCER_WAITS
+from .stall_watch import send_all
 
 log = logging.getLogger(__name__)
 KEY_SEP = b"\x1f"  # pool ␟ partial id: table keys of stage 2
@@ -244,15 +243,13 @@ class Stage2:
         self.failing = dict(step.failed)
         for pool, partial_id in step.released:  # outside stream iteration: deleted at the next merge there
             self._unwanted(pool.encode(), table_key(pool, partial_id))
-        with PRODUCER_WAITS.waiting("signals"):
-            sent = [await self.load_topic.send(key=p["pool"].encode(), value=orjson.dumps(p)) for p in step.pictures]
-            sent += [await self.admission_topic.send(key=s.pool.encode(), value=s.value) for s in step.signals]
-            for pool in step.forgotten:  # tombstones: compaction removes a forgotten pool from both topics
-                sent += [await topic.send(key=pool.encode(), value=None)
-                         for topic in (self.load_topic, self.admission_topic)]
-                metrics.POOLS_FORGOTTEN.inc()
-            if sent:
-                await asyncio.gather(*sent)
+        messages = [(self.load_topic, p["pool"].encode(), orjson.dumps(p)) for p in step.pictures]
+        messages += [(self.admission_topic, s.pool.encode(), s.value) for s in step.signals]
+        # tombstones: compaction removes a forgotten pool from both topics
+        messages += [(topic, pool.encode(), None) for pool in step.forgotten
+                     for topic in (self.load_topic, self.admission_topic)]
+        await send_all("signals", messages)
+        metrics.POOLS_FORGOTTEN.inc(len(step.forgotten))
         for picture in step.pictures:
             metrics.PICTURE_LAG.observe(max(0.0, now - picture["watermark_ms"] / 1000))
             export_picture(picture)

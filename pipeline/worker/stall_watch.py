@@ -13,10 +13,11 @@ producer cannot be replaced in a running app.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .. import metrics
 from ..bounded_producer import spoils_producer
@@ -62,3 +63,13 @@ class StallWatch:
 
 PRODUCER_WAITS = StallWatch()   # the worker's one producer, so one watch for every path that sends through it
 metrics.PRODUCER_WAIT.set_function(PRODUCER_WAITS.longest)
+
+
+async def send_all(what: str, messages: Iterable[tuple[Any, bytes, bytes | None]]) -> int:
+    """Send each (Faust topic, key, value) and wait until the broker has acknowledged them all, the wait
+    watched as ``what``; returns how many were sent."""
+    with PRODUCER_WAITS.waiting(what):
+        sent = [await topic.send(key=key, value=value) for topic, key, value in messages]
+        if sent:
+            await asyncio.gather(*sent)
+    return len(sent)
