@@ -4,7 +4,9 @@ Topics have three replicas and need two in sync (set on each topic, not inherite
 producers send with acks=all and idempotence. While the broker is down and after it comes back: every
 published request event is in the log once and lands in the store exactly once, the router keeps receiving
 signed signals (the longest silence is bounded and printed), and the restarted broker rejoins the in-sync
-set of every partition.
+set of every partition. While the broker is down the worker is restarted too (stopped, then a new process
+started): a worker that starts with one of three brokers away joins its groups, resumes landing exactly once
+from the store and signals every pool within the same bound.
 
 The worker runs with ``dedup_recent_ids=0``: its paths would otherwise drop a repeated event id, and a
 producer that wrote a retried batch twice would go unseen in the store. The raw requests topic is read
@@ -123,11 +125,11 @@ class RouterThread:
             return None
         return max(times[0] for times in arrivals.values())
 
-    def longest_gap(self, until: float) -> dict[str, float]:
-        """pool → the longest time without a signal, from the pool's first signal to ``until``."""
+    def longest_gap(self, until: float, since: float = 0.0) -> dict[str, float]:
+        """pool → the longest time without a signal, from the pool's first signal after ``since`` to ``until``."""
         gaps = {}
         for pool, times in list(self.client.arrivals.items()):
-            inside = [t for t in times if t <= until] + [until]
+            inside = [t for t in times if since < t <= until] + [until]
             gaps[pool] = max(b - a for a, b in zip(inside, inside[1:]))
         return gaps
 
@@ -207,6 +209,16 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
                  message="a signal of every pool after the kill")
         signals_after_kill = time.monotonic() - killed_at
 
+        # a worker (re)started while the broker is down: no signal is expected while no worker runs
+        stopped_at = time.monotonic()
+        worker.stop()
+        worker = WorkerProcess(settings, tmp_path / "worker-restarted.log")
+        worker.start(timeout_s=120)
+        started_at = time.monotonic()
+        wait_for(lambda: router.received_after(started_at) == set(POOLS), GAP_BOUND_S, interval_s=0.2,
+                 message="a signal of every pool from the worker started with a broker down")
+        signals_after_restart = time.monotonic() - started_at
+
         wait_for(lambda: time.monotonic() >= killed_at + DOWN_S, DOWN_S + 5, interval_s=0.1)
         restarted_at = time.monotonic()
         cluster.restart(victim)   # returns once the node is registered again (a JVM start: seconds)
@@ -229,7 +241,9 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
         router.stopping.set()
         router.thread.join(30)
         assert router.error is None, f"the router client failed: {router.error!r}"
-        gaps = router.longest_gap(until=traffic_ended)
+        # the longest silence with a worker running: up to its stop, and from the restarted one's first signal
+        gaps = router.longest_gap(until=stopped_at)
+        gaps_restarted = router.longest_gap(until=traffic_ended, since=started_at)
     finally:
         traffic.stop(30)
         router.stopping.set()
@@ -241,14 +255,18 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
     print(f"\nfailover: {published} request events published over {traffic_ended - began:.0f} s (every pool "
           f"signalled {ready - began:.1f} s in); node {victim} (leading {leads[victim]} of {sum(leads.values())} "
           f"partitions) killed {killed_at - ready:.1f} s after that, signals of every pool again "
-          f"{signals_after_kill:.1f} s after the kill; restarted {restarted_at - killed_at:.1f} s after the kill, "
+          f"{signals_after_kill:.1f} s after the kill; the worker restarted in {started_at - stopped_at:.1f} s, every "
+          f"pool signalled {signals_after_restart:.1f} s after its start; the node restarted "
+          f"{restarted_at - killed_at:.1f} s after the kill, "
           f"every partition in sync again {in_sync_after:.1f} s later; in the requests topic {sum(in_log.values())} "
           f"records, {len(in_log)} distinct ids ({len(doubled_in_log)} doubled); landed {landed['rows']} rows, "
           f"{landed['ids']} distinct (lost {published - landed['ids']}, duplicated {landed['rows'] - landed['ids']}); "
-          f"longest signal gap per pool {', '.join(f'{p} {g:.1f}s' for p, g in sorted(gaps.items()))} "
+          f"longest signal gap per pool {', '.join(f'{p} {g:.1f}s' for p, g in sorted(gaps.items()))}, after the "
+          f"worker's restart {', '.join(f'{p} {g:.1f}s' for p, g in sorted(gaps_restarted.items()))} "
           f"(bound {GAP_BOUND_S:.0f} s)")
     assert doubled_in_log == {}, f"{len(doubled_in_log)} event ids written twice to the log"
     assert sum(in_log.values()) == len(in_log) == published
     assert landed == {"rows": published, "ids": published}
-    assert set(gaps) == set(POOLS)
+    assert set(gaps) == set(gaps_restarted) == set(POOLS)
     assert max(gaps.values()) < GAP_BOUND_S, f"longest silence per pool: {gaps}"
+    assert max(gaps_restarted.values()) < GAP_BOUND_S, f"longest silence per pool after the restart: {gaps_restarted}"
