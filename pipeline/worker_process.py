@@ -89,6 +89,7 @@ class WorkerProcess:
         self.log_path = log_path
         self.base_url = f"http://{settings.web_host}:{settings.web_port}"
         self.proc: subprocess.Popen | None = None
+        self.command = [sys.executable, "-m", "pipeline.cli", "worker"]
 
     @property
     def pid(self) -> int | None:
@@ -98,8 +99,8 @@ class WorkerProcess:
         """Start and wait for /healthz; raises with the log's tail if it does not get there."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"],
-                                         env=worker_env(self.settings), stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command, env=worker_env(self.settings), stdout=log,
+                                         stderr=subprocess.STDOUT)
         if not wait_healthy(self.base_url, timeout_s, self.proc):
             self.kill()
             raise RuntimeError(f"worker not healthy within {timeout_s:.0f}s; {self.log_path}:\n{self.log_tail()}")

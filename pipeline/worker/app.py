@@ -31,6 +31,7 @@ from .control import ControlConsumer
 from .http import add_pages
 from .landing import LandingConsumer
 from .pictures import Stage2
+from .stall_watch import PRODUCER_WAITS, ProducerSpent, SpentExit, spent
 
 log = logging.getLogger(__name__)
 STORE_RETRY_S = 5.0
@@ -85,6 +86,16 @@ def create_app(settings: Settings) -> faust.App:
     async def close_store(sender: Any, **kwargs: Any) -> None:
         if landing is not None:
             await landing.close()
+
+    spent_exit = SpentExit(settings.producer_spent_exit_s)
+
+    @app.timer(interval=1.0)
+    async def producer_spent_exit() -> None:
+        """End the worker when its producer is spent (stall_watch): nothing in it can bring a new one."""
+        reason = spent(getattr(app.producer, "_producer", None), PRODUCER_WAITS)
+        if spent_exit.due(reason) and not app.should_stop:
+            log.error("the Kafka producer is spent (%s): the worker exits, to be restarted with a new one", reason)
+            await app.crash(ProducerSpent(reason))
 
     metrics.attach_faust_sensors(app)
     add_pages(app, settings, control, landing, stage2)

@@ -10,11 +10,10 @@ import faust
 from aiohttp import web as aio_web
 
 from .. import metrics
-from ..bounded_producer import sender_stopped
 from ..settings import Settings
 from ..sinks.readonly import QueryRefused, ReadLimits
 from ..sinks.store import StoreQueryError
-from .stall_watch import PRODUCER_WAITS, StallWatch
+from .stall_watch import PRODUCER_WAITS, StallWatch, spent
 
 
 QUERY_MAX_BYTES = 256 * 1024
@@ -31,10 +30,10 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     control and bring no store back.
     """
     body: dict[str, Any] = {"producer_stuck_s": waits.stuck(stall_s)}
-    spent = "its sender task ended" if sender_stopped(producer) else waits.spoiled
-    if spent:
-        body["producer_spent"] = spent
-    ok = not spent
+    reason = spent(producer, waits)
+    if reason:
+        body["producer_spent"] = reason
+    ok = not reason
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
         body["control"] = {"consuming": consuming}

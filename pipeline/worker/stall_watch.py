@@ -8,7 +8,8 @@ letters. Each wait is timed: one older than ``producer_stall_s`` is named in /he
 broker (and cost a rebalance and a recovery on every worker at once). What a restart does cure — a producer
 whose sender task has ended, or that a refusal spoiled for every later batch (an out-of-order sequence;
 ``bounded_producer``) — fails /healthz, for the orchestrator to restart the worker with a new producer: Faust's
-producer cannot be replaced in a running app.
+producer cannot be replaced in a running app — and, after ``producer_spent_exit_s``, ends the worker, for a
+supervisor that restarts on exit (compose, systemd) and never reads /healthz.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from .. import metrics
-from ..bounded_producer import spoils_producer
+from ..bounded_producer import sender_stopped, spoils_producer
 
 
 class StallWatch:
@@ -59,6 +60,32 @@ class StallWatch:
             if age > bound_s:
                 out[what] = max(age, out.get(what, 0.0))
         return out
+
+
+def spent(producer: Any, waits: StallWatch) -> str | None:
+    """Why ``producer`` will deliver nothing more (None: it still can)."""
+    return "its sender task ended" if sender_stopped(producer) else waits.spoiled
+
+
+class SpentExit:
+    """When a worker whose producer is spent should end: ``grace_s`` after it was first seen spent, which
+    leaves /healthz the time to say why (0: never)."""
+
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s, self.clock = grace_s, clock
+        self.since: float | None = None
+
+    def due(self, reason: str | None) -> bool:
+        if reason is None or not self.grace_s:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = self.clock()
+        return self.clock() - self.since >= self.grace_s
+
+
+class ProducerSpent(Exception):
+    """The worker ends with this: its producer can deliver nothing more, and only a new process has a new one."""
 
 
 PRODUCER_WAITS = StallWatch()   # the worker's one producer, so one watch for every path that sends through it

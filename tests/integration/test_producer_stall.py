@@ -4,6 +4,7 @@ The worker's producer is idempotent, and aiokafka never expires an idempotent pr
 that stops answering holds the worker's tick (its signals), its cuts (partials) and its dead letters on one
 await each, for as long as it stays away, and nothing said so. A wait older than ``producer_stall_s`` is now
 named in /healthz's body; it does not fail the check, since a restart would meet the same broker (stall_watch).
+A producer that is spent — which a restart does cure — fails the check, and then ends the worker.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +25,7 @@ from tests.conftest import run, wait_for
 from tests.integration.cluster import DevstackCluster
 
 STALL_S = 5.0
+SPENT_EXIT_S = 3.0
 
 
 def health(worker) -> tuple[int, dict]:
@@ -72,3 +75,27 @@ def test_a_broker_that_stops_acknowledging_is_named_in_the_workers_health_until_
         if worker is not None:
             worker.stop()   # before its broker: a worker whose broker is gone takes its whole stop timeout
         cluster.stop()
+
+
+def test_a_worker_whose_producer_is_spent_fails_health_then_exits_to_be_restarted(settings, worker_factory):
+    """A producer whose sender ended delivers nothing more, and Faust cannot replace it in a running app.
+    /healthz fails at once (for an orchestrator that probes it); after ``producer_spent_exit_s`` the worker
+    exits with an error, for a supervisor that only restarts what exits (compose's restart policy, systemd)."""
+    s = replace(settings, role="control", producer_spent_exit_s=SPENT_EXIT_S)
+    run(ensure_topics(s, s.kafka_bootstrap_servers))
+    worker = worker_factory(s)
+    worker.command = [sys.executable, "-m", "tests.integration.sender_ending_worker"]
+    worker.start()
+    assert health(worker)[0] == 200
+    (s.state_dir / "end-the-sender").touch()
+    ended = time.monotonic()
+
+    def spent():
+        code, body = health(worker)
+        return (code, body) if "producer_spent" in body else None
+
+    code, body = wait_for(spent, SPENT_EXIT_S, interval_s=0.1, message="/healthz to say the producer is spent")
+    assert code == 503 and body["producer_spent"] == "its sender task ended" and not body["ok"], body
+    returncode = worker.proc.wait(SPENT_EXIT_S + 60)
+    assert returncode != 0 and time.monotonic() - ended >= SPENT_EXIT_S
+    assert "the Kafka producer is spent (its sender task ended)" in worker.log_tail(200)

@@ -6,7 +6,7 @@ import pytest
 from aiokafka.errors import NotLeaderForPartitionError, OutOfOrderSequenceNumber
 
 from pipeline.worker.http import health
-from pipeline.worker.stall_watch import StallWatch
+from pipeline.worker.stall_watch import SpentExit, StallWatch, spent
 from tests.unit.fake_producers import StalledProducer
 
 
@@ -60,3 +60,32 @@ def test_a_producer_whose_sender_ended_fails_health():
     (alive_ok, alive), (ended_ok, ended) = asyncio.run(check())
     assert alive_ok and "producer_spent" not in alive
     assert not ended_ok and ended["producer_spent"] == "its sender task ended"
+
+
+def test_a_spent_producer_ends_the_worker_after_the_grace_and_never_with_zero():
+    """Exit is for a supervisor that restarts what exits and never reads /healthz; the grace lets /healthz
+    say why first. A producer that can still deliver never ends the worker."""
+    clock = Clock()
+    rule = SpentExit(5.0, clock)
+    assert not rule.due(None)
+    assert not rule.due("its sender task ended")   # first seen now
+    clock.now += 4.9
+    assert not rule.due("its sender task ended")
+    clock.now += 0.1
+    assert rule.due("its sender task ended")
+    never = SpentExit(0.0, clock)
+    clock.now += 3600
+    assert not never.due("its sender task ended") and not never.due("its sender task ended")
+
+
+def test_spent_names_the_ended_sender_before_a_spoiling_refusal():
+    waits = StallWatch(Clock())
+    with pytest.raises(OutOfOrderSequenceNumber):
+        with waits.waiting("signals"):
+            raise OutOfOrderSequenceNumber()
+
+    async def check():
+        return (spent(StalledProducer(sender_done=False), StallWatch(Clock())),
+                spent(StalledProducer(sender_done=False), waits), spent(StalledProducer(sender_done=True), waits))
+
+    assert asyncio.run(check()) == (None, "signals: OutOfOrderSequenceNumber", "its sender task ended")
