@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import faust
@@ -95,11 +96,18 @@ def create_app(settings: Settings) -> faust.App:
         reason = spent(getattr(app.producer, "_producer", None), PRODUCER_WAITS)
         if spent_exit.due(reason) and not app.should_stop:
             log.error("the Kafka producer is spent (%s): the worker exits, to be restarted with a new one", reason)
+            # the stop flushes the producer, which waits for ever on batches an ended sender never delivers
+            asyncio.get_running_loop().call_later(settings.producer_spent_exit_s, _exit_hard)
             await app.crash(ProducerSpent(reason))
 
     metrics.attach_faust_sensors(app)
     add_pages(app, settings, control, landing, stage2)
     return app
+
+
+def _exit_hard() -> None:
+    log.critical("the worker's stop did not end with its spent producer: exiting without it")
+    os._exit(1)
 
 
 def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_letters: Any) -> tuple:

@@ -8,8 +8,10 @@ letters. Each wait is timed: one older than ``producer_stall_s`` is named in /he
 broker (and cost a rebalance and a recovery on every worker at once). What a restart does cure — a producer
 whose sender task has ended, or that a refusal spoiled for every later batch (an out-of-order sequence;
 ``bounded_producer``) — fails /healthz, for the orchestrator to restart the worker with a new producer: Faust's
-producer cannot be replaced in a running app — and, after ``producer_spent_exit_s``, ends the worker, for a
-supervisor that restarts on exit (compose, systemd) and never reads /healthz.
+producer cannot be replaced in a running app — and ends the worker, for a supervisor that restarts on exit
+(compose, systemd) and never reads /healthz. A send that fails on a spent producer already ends it (the
+exception ends the Faust task that sent, and Faust the app); ``SpentExit`` is for a producer spent where no
+send fails: a sender that ended without an error leaves every send waiting, for ever.
 """
 
 from __future__ import annotations
@@ -69,14 +71,14 @@ def spent(producer: Any, waits: StallWatch) -> str | None:
 
 class SpentExit:
     """When a worker whose producer is spent should end: ``grace_s`` after it was first seen spent, which
-    leaves /healthz the time to say why (0: never)."""
+    leaves /healthz the time to say why."""
 
     def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.grace_s, self.clock = grace_s, clock
         self.since: float | None = None
 
     def due(self, reason: str | None) -> bool:
-        if reason is None or not self.grace_s:
+        if reason is None:
             self.since = None
             return False
         if self.since is None:

@@ -6,7 +6,7 @@ published request event is in the log once and lands in the store exactly once, 
 signed signals (the longest silence is bounded and printed), and the restarted broker rejoins the in-sync
 set of every partition. While the broker is down the worker is restarted too (stopped, then a new process
 started): a worker that starts with one of three brokers away joins its groups, resumes landing exactly once
-from the store and signals every pool within the same bound.
+from the store and signals every pool, and from then on the same bound holds.
 
 The worker runs with ``dedup_recent_ids=0``: its paths would otherwise drop a repeated event id, and a
 producer that wrote a retried batch twice would go unseen in the store. The raw requests topic is read
@@ -44,13 +44,16 @@ POOLS = ("pool-a", "pool-b")
 RATE = 40                          # generate()'s task rate (about 5 events/s each, ~210 events/s)
 MAX_TRAFFIC_S = 300                # traffic runs until the drill is over (well before this)
 KILL_AFTER_S = 10                  # after every pool's first signal
-DOWN_S = 15                        # the node stays dead this long
+DOWN_S = 15                        # the node stays dead at least this long (longer when the worker's restart is)
 AFTER_IN_SYNC_S = 5                # traffic goes on this long once every partition is in sync again
 SESSION_TIMEOUT_S = 6.0
 # The worst silence: the dead broker is fenced after broker.session.timeout.ms (6 s) and its partitions get new
 # leaders; a consumer group whose coordinator it was finds the new one, at worst after the worker's session
 # timeout (6 s); then the next tick and heartbeat republish (heartbeat_s 2 s), plus metadata refreshes.
 GAP_BOUND_S = 6 + SESSION_TIMEOUT_S + 2 + 4
+# A worker started while no other runs signals every pool once healthy: it joins both groups, recovers its
+# table and folds the backlog of the seconds without a worker (about 210 events/s); seen in 0.4 s
+RESTARTED_SIGNALS_S = 30
 TOPIC_CONFIG = 1  # DescribeConfigs config_source: set on the topic itself (DYNAMIC_TOPIC_CONFIG)
 
 
@@ -215,7 +218,7 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
         worker = WorkerProcess(settings, tmp_path / "worker-restarted.log")
         worker.start(timeout_s=120)
         started_at = time.monotonic()
-        wait_for(lambda: router.received_after(started_at) == set(POOLS), GAP_BOUND_S, interval_s=0.2,
+        wait_for(lambda: router.received_after(started_at) == set(POOLS), RESTARTED_SIGNALS_S, interval_s=0.2,
                  message="a signal of every pool from the worker started with a broker down")
         signals_after_restart = time.monotonic() - started_at
 

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import urllib.error
+from datetime import datetime
 import urllib.request
 from dataclasses import replace
 
@@ -77,18 +78,43 @@ def test_a_broker_that_stops_acknowledging_is_named_in_the_workers_health_until_
         cluster.stop()
 
 
-def test_a_worker_whose_producer_is_spent_fails_health_then_exits_to_be_restarted(settings, worker_factory):
-    """A producer whose sender ended delivers nothing more, and Faust cannot replace it in a running app.
-    /healthz fails at once (for an orchestrator that probes it); after ``producer_spent_exit_s`` the worker
-    exits with an error, for a supervisor that only restarts what exits (compose's restart policy, systemd)."""
+
+def logged_at(line: str) -> float:
+    """The wall time of a worker log line (``[2026-12-03 19:52:20,271] [pid] [LEVEL] ...``)."""
+    return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def spent_worker(settings, worker_factory, how: str):
+    """A control worker with pools to signal, whose producer's sender is then ended ``how``
+    (tests/integration/sender_ending_worker.py); returns the worker and the wall time it was ended."""
     s = replace(settings, role="control", producer_spent_exit_s=SPENT_EXIT_S)
     run(ensure_topics(s, s.kafka_bootstrap_servers))
     worker = worker_factory(s)
     worker.command = [sys.executable, "-m", "tests.integration.sender_ending_worker"]
     worker.start()
-    assert health(worker)[0] == 200
-    (s.state_dir / "end-the-sender").touch()
-    ended = time.monotonic()
+    run(produce(s, s.kafka_bootstrap_servers, generate(load_trace(), 50, 3, 1, int(time.time() * 1000)),
+                paced=False))
+    wait_for(lambda: pools(worker), 60, message="the worker's first picture")   # its tick sends from now on
+    ended = time.time()
+    (s.state_dir / "end-the-sender").write_text(how)
+    return worker, ended
+
+
+def test_a_send_failing_on_a_spent_producer_ends_the_worker_at_once(settings, worker_factory):
+    """The sender fails as aiokafka's own unexpected errors do: every send fails, and the first one the tick
+    makes ends the worker with an error (the Faust task that sent, then the app), well inside the grace."""
+    worker, ended = spent_worker(settings, worker_factory, "error")
+    assert worker.proc.wait(60) != 0
+    log = worker.log_tail(400)
+    assert "Unexpected error in sender routine" in log and "the Kafka producer is spent" not in log
+
+
+def test_a_producer_spent_without_an_error_fails_health_then_ends_the_worker(settings, worker_factory):
+    """A sender that ends without an error (cancelled) leaves every send waiting for ever, so no failure ends
+    the worker: /healthz says so at once, and the worker exits with an error ``producer_spent_exit_s`` later —
+    hard if its stop waits on the batches the sender will never deliver — for a supervisor that restarts
+    what exits (compose's restart policy, systemd) and never reads /healthz."""
+    worker, ended = spent_worker(settings, worker_factory, "quietly")
 
     def spent():
         code, body = health(worker)
@@ -96,6 +122,6 @@ def test_a_worker_whose_producer_is_spent_fails_health_then_exits_to_be_restarte
 
     code, body = wait_for(spent, SPENT_EXIT_S, interval_s=0.1, message="/healthz to say the producer is spent")
     assert code == 503 and body["producer_spent"] == "its sender task ended" and not body["ok"], body
-    returncode = worker.proc.wait(SPENT_EXIT_S + 60)
-    assert returncode != 0 and time.monotonic() - ended >= SPENT_EXIT_S
-    assert "the Kafka producer is spent (its sender task ended)" in worker.log_tail(200)
+    assert worker.proc.wait(2 * SPENT_EXIT_S + 60) != 0
+    line, = [line for line in worker.log_tail(400).splitlines() if "the Kafka producer is spent" in line]
+    assert logged_at(line) >= ended + SPENT_EXIT_S - 0.01   # after the grace, not before

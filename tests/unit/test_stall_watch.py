@@ -62,7 +62,7 @@ def test_a_producer_whose_sender_ended_fails_health():
     assert not ended_ok and ended["producer_spent"] == "its sender task ended"
 
 
-def test_a_spent_producer_ends_the_worker_after_the_grace_and_never_with_zero():
+def test_a_spent_producer_ends_the_worker_after_the_grace():
     """Exit is for a supervisor that restarts what exits and never reads /healthz; the grace lets /healthz
     say why first. A producer that can still deliver never ends the worker."""
     clock = Clock()
@@ -73,9 +73,6 @@ def test_a_spent_producer_ends_the_worker_after_the_grace_and_never_with_zero():
     assert not rule.due("its sender task ended")
     clock.now += 0.1
     assert rule.due("its sender task ended")
-    never = SpentExit(0.0, clock)
-    clock.now += 3600
-    assert not never.due("its sender task ended") and not never.due("its sender task ended")
 
 
 def test_spent_names_the_ended_sender_before_a_spoiling_refusal():
