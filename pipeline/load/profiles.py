@@ -31,11 +31,11 @@ class Profile:
 
 BUILTIN = {
     "interactive": Profile("interactive", slo_ttft_s=1.0, slo_tpot_s=0.05, latency_limit=1.0,
-                           capacity_rps_per_replica=8.0, queue_wait_fraction=0.25, kv_limit=0.8,
+                           capacity_rps_per_replica=8.0, queue_wait_fraction=0.2, kv_limit=0.8,
                            preemptions_per_s_limit=0.5, peak_tokens_per_s=40000.0, compute_limit=0.8,
                            error_budget=0.01, retry_budget=0.05, cost_budget_per_task=0.02),
     "balanced": Profile("balanced", slo_ttft_s=2.0, slo_tpot_s=0.1, latency_limit=1.0,
-                        capacity_rps_per_replica=10.0, queue_wait_fraction=0.25, kv_limit=0.9,
+                        capacity_rps_per_replica=10.0, queue_wait_fraction=0.2, kv_limit=0.9,
                         preemptions_per_s_limit=1.0, peak_tokens_per_s=40000.0, compute_limit=0.9,
                         error_budget=0.02, retry_budget=0.1, cost_budget_per_task=0.01),
     "batch": Profile("batch", slo_ttft_s=30.0, slo_tpot_s=0.2, latency_limit=1.0,

@@ -19,7 +19,7 @@ from pipeline.sim.scenarios import CONTROLLED, SCENARIOS, Fleet, compare_seeds
 from tests import prewarm
 
 # scenario → (least SLO-goodput vs no control, least critical attainment) where a goal is still missed
-SHORT_OF = {"two-pools": (1.8, 0.99), "prompt-heavy-loss": (2.0, 0.97)}
+SHORT_OF = {"two-pools": (1.8, 0.99), "prompt-heavy-loss": (2.5, 0.985)}
 
 
 def compute_rows() -> list[dict]:
@@ -87,7 +87,7 @@ def test_shed_order_holds_critical_last(rows):
 
 def test_flapping_stays_within_what_is_measured_today(rows):
     """Flapping as routers feel it (admit-fraction reversals per minute), under every scenario: 2–10 where
-    the pool's limits are its own, up to ~26 where bursts of long prefills swing the queue axis across its
-    limit (prompt-heavy, long-context; 16–25 over seeds 1–5, docs/simulator.md) — a reversal every 2.2 s at
-    worst is the bound pinned here."""
-    assert max(r["fraction_reversals_per_min"] for r in rows if r["controller"] == "sluice") <= 27
+    the pool's limits are its own, up to ~29 where bursts of long prefills swing the queue axis across its
+    limit (prompt-heavy, long-context; 16–29 over seeds 1–5 since the queue limit is a fifth of the TTFT
+    objective, docs/simulator.md change 12) — a reversal every 2 s at worst is the bound pinned here."""
+    assert max(r["fraction_reversals_per_min"] for r in rows if r["controller"] == "sluice") <= 30
