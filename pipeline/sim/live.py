@@ -60,12 +60,12 @@ async def run_live(settings: Settings, scenario: Scenario, fleet: Fleet, capacit
     """Run ``scenario`` in real time; ``display(now_s, sim, pictures)`` is called every ``display_every_s``."""
     key_id, secret = active_key(settings)
     router = RouterClient(settings, bootstrap, keys={key_id: secret}, seed=fleet.seed)
-    await router.start()
     controller = PipelineController(router)
     outbox: list[tuple[str, dict]] = []
     sim = build_sim(scenario, controller, fleet, capacity, emit=lambda kind, event: outbox.append((kind, event)),
                     start_ms=int(time.time() * 1000))
     producer = follower = None
+    await router.start()   # a start that fails stops what it started (RouterClient.start)
     try:
         producer = await start_publisher(settings, bootstrap)
         follower, _ = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))

@@ -71,19 +71,23 @@ def spent(producer: Any, waits: StallWatch) -> str | None:
 
 class SpentExit:
     """When a worker whose producer is spent should end: ``grace_s`` after it was first seen spent, which
-    leaves /healthz the time to say why."""
+    leaves /healthz the time to say why. Due once: the stop that follows is under way."""
 
     def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.grace_s, self.clock = grace_s, clock
         self.since: float | None = None
+        self.fired = False
 
     def due(self, reason: str | None) -> bool:
         if reason is None:
             self.since = None
             return False
+        if self.fired:
+            return False
         if self.since is None:
             self.since = self.clock()
-        return self.clock() - self.since >= self.grace_s
+        self.fired = self.clock() - self.since >= self.grace_s
+        return self.fired
 
 
 class ProducerSpent(Exception):

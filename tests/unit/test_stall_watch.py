@@ -73,6 +73,8 @@ def test_a_spent_producer_ends_the_worker_after_the_grace():
     assert not rule.due("its sender task ended")
     clock.now += 0.1
     assert rule.due("its sender task ended")
+    clock.now += 1
+    assert not rule.due("its sender task ended")   # once: the stop it started is under way
 
 
 def test_spent_names_the_ended_sender_before_a_spoiling_refusal():
