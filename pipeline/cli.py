@@ -192,10 +192,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def cmd_pools(args: argparse.Namespace) -> int:
     from .devstack.kafka import bootstrap_servers
-    from .pools_view import format_table, latest_pictures
+    from .pools_view import PicturesCutShort, format_table, latest_pictures
 
     settings = _settings()
-    pictures = asyncio.run(latest_pictures(settings, bootstrap_servers(settings)))
+    try:
+        pictures = asyncio.run(latest_pictures(settings, bootstrap_servers(settings)))
+    except PicturesCutShort as exc:
+        sys.exit(f"sluice pools: {exc}, so a pool's newest picture may be missing: is the broker slow?")
     if args.format == "json":
         print(json.dumps({"pools": [pictures[p] for p in sorted(pictures)]}, indent=2))
     else:

@@ -72,14 +72,23 @@ def absorb(pictures: dict, batch: dict) -> set[str]:
     return replaced
 
 
+class PicturesCutShort(TimeoutError):
+    """The load topic was not read to its end in time, so a pool's newest picture may be missing: an older
+    one would pass for it, silently."""
+
+
 async def latest_pictures(settings: Settings, bootstrap: str, timeout_s: float = 10.0) -> dict[str, dict]:
-    """The newest picture of every pool, read from the compacted topic up to its end at call time."""
-    consumer, ends = await open_from_beginning(bootstrap, topics.LOAD.name(settings), **client_options(settings))
+    """The newest picture of every pool, read from the compacted topic up to its end at call time;
+    ``PicturesCutShort`` if ``timeout_s`` ran out first."""
+    topic = topics.LOAD.name(settings)
+    consumer, ends = await open_from_beginning(bootstrap, topic, **client_options(settings))
     pictures: dict[str, dict] = {}
     try:
-        await read_to_end(consumer, ends, lambda batch: absorb(pictures, batch), timeout_s)
+        complete = await read_to_end(consumer, ends, lambda batch: absorb(pictures, batch), timeout_s)
     finally:
         await consumer.stop()
+    if not complete:
+        raise PicturesCutShort(f"{topic} was not read to its end within {timeout_s:g} s")
     return pictures
 
 

@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import replace
@@ -21,7 +22,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline import topics
-from pipeline.pools_view import latest_pictures
+from pipeline.pools_view import PicturesCutShort, latest_pictures
 from pipeline.sinks.store import open_store
 from pipeline.worker_process import worker_env
 from tests.conftest import free_port, run, wait_for
@@ -121,11 +122,31 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
     try:
         counters = [line for line in worker.scrape().splitlines() if line.startswith((
             "sluice_control_events_total", "sluice_consumer_lag_records", "sluice_partials_",
-            "sluice_events_accepted_total", "sluice_events_dead_lettered_total")) and "_created" not in line]
+            "sluice_events_accepted_total", "sluice_events_dead_lettered_total", "sluice_worker_producer_wait",
+            "sluice_admission_signals_published_total", "sluice_picture_lag_seconds_count",
+            "sluice_pool_step_failures_total")) and "_created" not in line]
     except Exception as exc:
         counters = [f"the worker's /metrics did not answer: {exc!r}"]
-    return (f"the last picture: {read}; request events on the topic: {phases}; the worker's counters: "
-            + "\n".join(counters) + "; " + "; ".join(logs))
+    try:
+        health = urllib.request.urlopen(f"{worker.base_url}/healthz", timeout=5).read().decode()[:1500]
+    except urllib.error.HTTPError as exc:
+        health = f"{exc.code}: {exc.read().decode(errors='replace')[:1500]}"
+    except Exception as exc:
+        health = f"did not answer: {exc!r}"
+    # every picture of the pool on the load topic, read to its end without a deadline: did the worker stop
+    # publishing them, or did the test's reads stop short of the newest?
+    published = []
+    for record in run(read_all(s.kafka_bootstrap_servers, topics.LOAD.name(s))):
+        try:
+            doc = orjson.loads(record.value)
+            if doc.get("pool") == POOL:
+                published.append((record.offset, doc.get("published_at_ms"), doc.get("watermark_ms"),
+                                  doc.get("rates", {}).get("goodput_tasks_per_s")))
+        except Exception:
+            published.append((record.offset, "unparsed"))
+    return (f"the last picture: {read}; the pool's pictures on the load topic (offset, published, watermark, "
+            f"goodput): {published[-12:]} of {len(published)}; the worker's /healthz: {health}; request events "
+            f"on the topic: {phases}; the worker's counters: " + "\n".join(counters) + "; " + "; ".join(logs))
 
 
 def call(client, priority: str, task: str):
@@ -181,15 +202,20 @@ def test_the_proxy_sheds_sheddable_calls_with_429_passes_critical_and_its_events
     # the calls' events move the pool's picture and land with the right fields: the completed final calls are
     # the pool's goodput over the cost window (arrivals are a rate over fast_window_s, 2 s here, which a loaded
     # machine's picture read can come after: CI, session 15)
-    last: dict = {}
+    last: dict = {"cut_short": 0}
 
     def picture_counts_calls():
-        picture = last["picture"] = run(latest_pictures(s, s.kafka_bootstrap_servers, timeout_s=3)).get(POOL)
+        try:
+            picture = last["picture"] = run(latest_pictures(s, s.kafka_bootstrap_servers, timeout_s=10)).get(POOL)
+        except PicturesCutShort:
+            last["cut_short"] += 1   # not yet: what was read may be older than the newest picture
+            return False
         return picture is not None and picture["rates"]["goodput_tasks_per_s"] > 0 and picture
     try:
         wait_for(picture_counts_calls, 60, message="the pool's picture to count the proxy's calls")
     except AssertionError as exc:   # in CI (sessions 18, 23, 24), unexplained: say where the events stopped
-        raise AssertionError(f"{exc}; {what_reached_the_worker(s, last.get('picture'), tmp_path, worker)}") from None
+        raise AssertionError(f"{exc} ({last['cut_short']} read(s) cut short); "
+                             f"{what_reached_the_worker(s, last.get('picture'), tmp_path, worker)}") from None
     raw = [topics.REQUESTS.name(s), topics.REPLICAS.name(s)]
     wait_for(lambda: run(group_lag(s.kafka_bootstrap_servers, topics.landing_group(s), raw)) == 0, 60,
              message="the calls' events to land")

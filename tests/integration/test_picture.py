@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import topics
 from pipeline.bench import counter_total
-from pipeline.pools_view import latest_pictures
+from pipeline.pools_view import PicturesCutShort, latest_pictures
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from tests.conftest import run, wait_for
@@ -103,6 +103,8 @@ def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker
     for pool in pools:
         assert_matches(pictures[pool], expected[pool])
         assert pictures[pool]["late_events"] == 0
+    with pytest.raises(PicturesCutShort):   # a read cut short says so: what it had may be older than the newest
+        run(latest_pictures(backfill, backfill.kafka_bootstrap_servers, timeout_s=0))
 
     wait_for(lambda: raw_committed(backfill), 60, message="stage 1 to commit")
     killed_at_ms = int(time.time() * 1000)
