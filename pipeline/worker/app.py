@@ -32,7 +32,7 @@ from .control import ControlConsumer
 from .http import add_pages
 from .landing import LandingConsumer
 from .pictures import Stage2
-from .stall_watch import PRODUCER_WAITS, ProducerSpent, SpentExit, spent
+from .stall_watch import PRODUCER_WAITS, ProducerSpent, SpentExit, aiokafka_producer, spent
 
 log = logging.getLogger(__name__)
 STORE_RETRY_S = 5.0
@@ -93,7 +93,7 @@ def create_app(settings: Settings) -> faust.App:
     @app.timer(interval=1.0)
     async def producer_spent_exit() -> None:
         """End the worker when its producer is spent (stall_watch): nothing in it can bring a new one."""
-        reason = spent(getattr(app.producer, "_producer", None), PRODUCER_WAITS)
+        reason = spent(aiokafka_producer(app), PRODUCER_WAITS)
         if spent_exit.due(reason) and not app.should_stop:
             log.error("the Kafka producer is spent (%s): the worker exits, to be restarted with a new one", reason)
             # the stop flushes the producer, which waits for ever on batches an ended sender never delivers

@@ -13,7 +13,7 @@ from .. import metrics
 from ..settings import Settings
 from ..sinks.readonly import QueryRefused, ReadLimits
 from ..sinks.store import StoreQueryError
-from .stall_watch import PRODUCER_WAITS, StallWatch, spent
+from .stall_watch import PRODUCER_WAITS, StallWatch, aiokafka_producer, spent
 
 
 QUERY_MAX_BYTES = 256 * 1024
@@ -52,7 +52,7 @@ def add_pages(app: faust.App, settings: Settings, control: Any, landing: Any, st
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         ok, body = health(control, landing, settings.producer_stall_s,
-                          producer=getattr(app.producer, "_producer", None))
+                          producer=aiokafka_producer(app))
         return web.json(body, status=200 if ok else 503)
 
     @app.page("/metrics")

@@ -64,6 +64,11 @@ class StallWatch:
         return out
 
 
+def aiokafka_producer(app: Any) -> Any:
+    """The aiokafka producer inside a Faust app's (None before Faust has made it): what ``spent`` inspects."""
+    return getattr(app.producer, "_producer", None)
+
+
 def spent(producer: Any, waits: StallWatch) -> str | None:
     """Why ``producer`` will deliver nothing more (None: it still can)."""
     return "its sender task ended" if sender_stopped(producer) else waits.spoiled

@@ -133,6 +133,11 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
         health = f"{exc.code}: {exc.read().decode(errors='replace')[:1500]}"
     except Exception as exc:
         health = f"did not answer: {exc!r}"
+    try:   # the worker's own newest picture of the pool: stage 2's state, whatever reached the topic
+        own = [{k: p.get(k) for k in ("published_at_ms", "watermark_ms", "rates")} for p in orjson.loads(
+            urllib.request.urlopen(f"{worker.base_url}/pools", timeout=5).read())["pools"] if p.get("pool") == POOL]
+    except Exception as exc:
+        own = f"did not answer: {exc!r}"
     # every picture of the pool on the load topic, read to its end without a deadline: did the worker stop
     # publishing them, or did the test's reads stop short of the newest?
     published = []
@@ -145,7 +150,7 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
         except Exception:
             published.append((record.offset, "unparsed"))
     return (f"the last picture: {read}; the pool's pictures on the load topic (offset, published, watermark, "
-            f"goodput): {published[-12:]} of {len(published)}; the worker's /healthz: {health}; request events "
+            f"goodput): {published[-12:]} of {len(published)}; the worker's /pools: {own}; the worker's /healthz: {health}; request events "
             f"on the topic: {phases}; the worker's counters: " + "\n".join(counters) + "; " + "; ".join(logs))
 
 
