@@ -68,6 +68,7 @@ from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, class_share, 
                             shared_level, tenant_rates, wanted_levels)
 
 STATES = ("ok", "pressured", "overloaded", "critical")
+MAX_RETRY_AFTER_S = 300.0   # the longest retry-after sized from the queue's drain (a deferral's: defer_min_s if longer)
 
 
 @dataclass(frozen=True)
@@ -481,7 +482,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         predicted_wait = previous.signal["max_predicted_wait_s"] if held else 0.0
         retry_budget = previous.signal["retry_budget"] if held else cfg.retry_budget
     drain = queue.get("drain_rps") or 0.0
-    retry_after = min(300.0, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
+    retry_after = min(MAX_RETRY_AFTER_S, max(1.0, (queue.get("requests_waiting") or 0) / drain if drain else 30.0))
     defer_after = max(cfg.defer_min_s, retry_after)
     deferred = [c for c in ("deferrable",) if min([admit[c]] + [e["admit_fraction"][c] for e in listed]) < 1.0]
 
