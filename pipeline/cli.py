@@ -196,9 +196,10 @@ def cmd_pools(args: argparse.Namespace) -> int:
 
     settings = _settings()
     try:
-        pictures = asyncio.run(latest_pictures(settings, bootstrap_servers(settings)))
+        pictures = asyncio.run(latest_pictures(settings, bootstrap_servers(settings), args.timeout))
     except PicturesCutShort as exc:
-        sys.exit(f"sluice pools: {exc}, so a pool's newest picture may be missing: is the broker slow?")
+        sys.exit(f"sluice pools: {exc}, so a pool's newest picture may be missing: is the broker slow? "
+                 "(--timeout gives the read longer)")
     if args.format == "json":
         print(json.dumps({"pools": [pictures[p] for p in sorted(pictures)]}, indent=2))
     else:
@@ -367,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pools = sub.add_parser("pools", help="every pool's load picture: axes and pressures")
     pools.add_argument("--format", choices=("table", "json"), default="table")
+    pools.add_argument("--timeout", type=float, default=10.0,
+                       help="seconds to read the load topic to its end (default 10); exit 1 if that is not enough")
     pools.set_defaults(func=cmd_pools)
 
     top = sub.add_parser("top", help="live view of the pools, refreshed in place")

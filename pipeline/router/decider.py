@@ -11,6 +11,8 @@ from .sliding_counts import SlidingCounts
 from .throttle import AdaptiveThrottle
 from .verdicts import ADMIT, Defer, Redirect, Reject, Request, Verdict
 
+RETRY_AFTER_SPREAD = 1.5   # a refusal's retry-after is drawn up to this many times the signal's
+
 
 class Decider:
     """``decide(request)`` from the signal book, with a seedable RNG and an injectable clock."""
@@ -90,7 +92,7 @@ class Decider:
         second would otherwise bring all work shed in one tick back in one wave, which the policy sheds
         again — a loop with the retry-after as its period. A deferral is never earlier than the signal
         says (its floor is the policy's ``defer_min_s``); nothing is later than a day."""
-        return min(86400.0, max(1.0, retry_after_s * self.rng.uniform(low, 1.5)))
+        return min(86400.0, max(1.0, retry_after_s * self.rng.uniform(low, RETRY_AFTER_SPREAD)))
 
     def _elsewhere(self, signal: dict, slo: float | None, reason: str, request: Request, now_ms: float) -> Verdict:
         """Move the work if a sibling has headroom, serves the request's model (when the request and the

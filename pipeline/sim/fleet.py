@@ -139,6 +139,7 @@ class Stats:
     arrival_tokens_per_s: float = 0.0  # tokens/s the replicas processed while tasks arrived (after warm-up)
     timeline: dict[int, dict[str, float]] = field(default_factory=dict)  # per second
     rejected: dict[str, int] = field(default_factory=dict)  # attempts admission rejected (not deferred), per tenant
+    cut_off: int = 0                 # tasks still open when the drain ended: the run's end decided their outcome
 
 
 class FleetSim:
@@ -231,6 +232,7 @@ class FleetSim:
         self._closed = True
         for task in self.stats.tasks:
             if task.outcome is None:
+                self.stats.cut_off += 1
                 self._end(task, "deferred" if task.waiting_verdict else "failed")
 
     def event_time_ms(self, t: float | None = None) -> int:

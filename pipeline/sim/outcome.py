@@ -31,6 +31,7 @@ class Outcome:
     gpu_seconds: float
     requests_per_s: float
     tokens_per_s: float
+    cut_off: int = 0   # tasks the run's end decided (still open when the drain ended), among failed and deferred
 
     @property
     def goodput(self) -> float:
@@ -55,7 +56,8 @@ class Outcome:
                 "waste_share": round(self.waste_share, 4),
                 "ttft_p99_s": round(self.ttft_p99_s, 3) if self.ttft_p99_s is not None else None,
                 "state_changes": state_changes, "arrivals": self.arrivals, **{
-                    f"n_{k}": self.outcomes.get(k, 0) for k in ("completed", "failed", "rejected", "deferred")}}
+                    f"n_{k}": self.outcomes.get(k, 0) for k in ("completed", "failed", "rejected", "deferred")},
+                "n_cut_off": self.cut_off}
 
 
 def summarise(sim: "FleetSim", stats: "Stats", duration_s: float) -> Outcome:
@@ -76,7 +78,7 @@ def summarise(sim: "FleetSim", stats: "Stats", duration_s: float) -> Outcome:
                    attainment={c: succeeded[c] / arrived[c] if arrived[c] else 1.0 for c in PRIORITIES},
                    ttft_p99_s=p99, waste_share=stats.wasted_tokens / work if work else 0.0,
                    gpu_seconds=stats.gpu_seconds, requests_per_s=stats.admitted / duration_s,
-                   tokens_per_s=stats.arrival_tokens_per_s or tokens / max(sim.now, 1e-9))
+                   tokens_per_s=stats.arrival_tokens_per_s or tokens / max(sim.now, 1e-9), cut_off=stats.cut_off)
 
 
 def tenant_figures(stats: "Stats", burst_tenant: str) -> dict:

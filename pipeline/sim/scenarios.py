@@ -20,6 +20,7 @@ from typing import Callable
 
 from ..admission.flapping import reversals_per_minute
 from ..admission.policy import MAX_RETRY_AFTER_S
+from ..router.decider import RETRY_AFTER_SPREAD
 from ..cost import price_table
 from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, rotated, trace_arrivals
@@ -118,11 +119,10 @@ class Fleet:
     replicas: int = 10
     hardware: Hardware = Hardware()
     duration_s: float = 300.0
-    # after the arrivals, until every task has ended or this long: a deferred task asks again within the
-    # policy's longest retry-after (with the default defer_min_s), longer than any client waits for a first
-    # token; a shorter drain counts work its client still waits for as failed, so the run's end, not the
-    # controller, decides its outcome
-    drain_s: float = MAX_RETRY_AFTER_S
+    # after the arrivals, until every task has ended or this long: the longest a deferred task waits to ask
+    # again, then for its first token; a shorter drain counts work its client still waits for as failed, so
+    # the run's end, not the controller, decides its outcome (``n_cut_off`` counts any such task)
+    drain_s: float = MAX_RETRY_AFTER_S * RETRY_AFTER_SPREAD + ClientPolicy.deferrable_timeout_s
     arrivals: str = "trace"        # or "gamma"
     burstiness: float = 1.0
     seed: int = 1

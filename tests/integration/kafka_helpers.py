@@ -6,7 +6,18 @@ from typing import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline.pools_view import PicturesCutShort, latest_pictures
+from pipeline.settings import Settings
 from pipeline.topic_reader import open_from_beginning, read_to_end
+
+
+async def pictures_if_read(settings: Settings, timeout_s: float = 10.0) -> dict[str, dict]:
+    """Every pool's newest picture, or none when the read was cut short: a polling test's "not yet", where an
+    older picture would pass for the newest."""
+    try:
+        return await latest_pictures(settings, settings.kafka_bootstrap_servers, timeout_s)
+    except PicturesCutShort:
+        return {}
 
 
 async def group_lag(bootstrap: str, group: str, topics: list[str]) -> int:

@@ -99,13 +99,24 @@ litellm_settings:
         log.close()
 
 
+def whole_topic(s, topic: str) -> list:
+    """The topic's records for a failure report: none if the broker does not give them within 30 s, so the
+    report never hangs or replaces the failure it explains."""
+    async def bounded():
+        return await asyncio.wait_for(read_all(s.kafka_bootstrap_servers, topic), 30)
+    try:
+        return run(bounded())
+    except Exception:
+        return []
+
+
 def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
     """For a failure: the picture's times and rates, the request events on the topic by phase (did the hook's
     emitter deliver them?), the worker's control-path counters (did it read and fold them?), and the warnings
     and errors in the worker's and the proxy's logs."""
     read = picture and {k: picture.get(k) for k in ("watermark_ms", "published_at_ms", "rates", "late_events")}
     phases: dict[str, int] = {}
-    for record in run(read_all(s.kafka_bootstrap_servers, topics.REQUESTS.name(s))):
+    for record in whole_topic(s, topics.REQUESTS.name(s)):
         try:
             doc = orjson.loads(record.value)
             key = f"{doc.get('phase')}@{str(doc.get('task_id', '')).split('-')[0]}"
@@ -130,7 +141,7 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
     try:
         health = urllib.request.urlopen(f"{worker.base_url}/healthz", timeout=5).read().decode()[:1500]
     except urllib.error.HTTPError as exc:
-        health = f"{exc.code}: {exc.read().decode(errors='replace')[:1500]}"
+        health = f"{exc.code}: {exc.fp.read(1500).decode(errors='replace') if exc.fp else ''}"
     except Exception as exc:
         health = f"did not answer: {exc!r}"
     try:   # the worker's own newest picture of the pool: stage 2's state, whatever reached the topic
@@ -141,7 +152,7 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
     # every picture of the pool on the load topic, read to its end without a deadline: did the worker stop
     # publishing them, or did the test's reads stop short of the newest?
     published = []
-    for record in run(read_all(s.kafka_bootstrap_servers, topics.LOAD.name(s))):
+    for record in whole_topic(s, topics.LOAD.name(s)):
         try:
             doc = orjson.loads(record.value)
             if doc.get("pool") == POOL:

@@ -12,7 +12,7 @@ from pipeline.pools_view import PicturesCutShort, latest_pictures
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
 from tests.conftest import run, wait_for
-from tests.integration.kafka_helpers import group_lag
+from tests.integration.kafka_helpers import group_lag, pictures_if_read
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def assert_matches(picture, expected):
 def converged(settings, expected):
     """All pools' pictures published at the final watermark and unchanged over a second."""
     def read():
-        return run(latest_pictures(settings, settings.kafka_bootstrap_servers))
+        return run(pictures_if_read(settings))
 
     seen = {}
 
@@ -69,7 +69,8 @@ def converged(settings, expected):
             return None
         time.sleep(2 * settings.tick_s + 0.5)
         second = read()
-        same = all(second[p]["axes"] == first[p]["axes"] and second[p]["rates"] == first[p]["rates"] for p in first)
+        same = set(second) == set(first) and all(
+            second[p]["axes"] == first[p]["axes"] and second[p]["rates"] == first[p]["rates"] for p in first)
         return second if same else None
 
     try:
@@ -110,7 +111,7 @@ def test_replay_matches_offline_computation_and_survives_kill_9(backfill, worker
     killed_at_ms = int(time.time() * 1000)
     first.kill()
     second = worker_factory(backfill).start()
-    restored = wait_for(lambda: (p := run(latest_pictures(backfill, backfill.kafka_bootstrap_servers))) and all(
+    restored = wait_for(lambda: (p := run(pictures_if_read(backfill))) and all(
         p[pool]["published_at_ms"] > killed_at_ms for pool in pools) and p, 120, interval_s=0.5,
         message="the restarted worker to republish every pool")
     for pool in pools:
@@ -185,7 +186,7 @@ def test_partials_the_stage2_group_committed_past_are_merged_at_the_rebuild(sett
     worker = worker_factory(settings, role="control").start()
 
     def picture():
-        return run(latest_pictures(settings, bootstrap)).get("llama-70b-a")
+        return run(pictures_if_read(settings)).get("llama-70b-a")
 
     seen = wait_for(picture, 60, message="a picture of the pool whose partials the group had skipped")
     assert seen["partials_merged"] == len(partials)

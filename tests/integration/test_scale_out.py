@@ -14,12 +14,11 @@ from pipeline.events import ReplicaSample, RequestEvent
 from pipeline.load.config import PictureConfigs
 from pipeline.load.partial import PartialBuilder
 from pipeline.load.picture import PoolState
-from pipeline.pools_view import latest_pictures
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import Fleet, generate, load_trace
 from pipeline.topic_reader import open_from_beginning
 from tests.conftest import run, wait_for
-from tests.integration.kafka_helpers import group_lag, landed_requests
+from tests.integration.kafka_helpers import group_lag, landed_requests, pictures_if_read
 
 pytestmark = pytest.mark.integration
 POOLS = ("pool-a", "pool-b", "pool-c", "pool-d")
@@ -106,7 +105,7 @@ def test_control_workers_scale_out_and_a_killed_one_costs_a_bounded_gap_and_no_d
     newest = {pool: max(e.event["event_time"] for e in events if e.event["pool"] == pool) for pool in POOLS}
 
     def caught_up():
-        pictures = run(latest_pictures(base, base.kafka_bootstrap_servers))
+        pictures = run(pictures_if_read(base))
         return all(pictures.get(p, {}).get("watermark_ms") == newest[p] for p in POOLS) and pictures
 
     wait_for(caught_up, 60, interval_s=1.0, message="every pool's picture to reach its newest event")
@@ -117,7 +116,9 @@ def test_control_workers_scale_out_and_a_killed_one_costs_a_bounded_gap_and_no_d
     def agrees():
         """Equal to the offline computation once the last partials are merged (a cut is committed before
         it is published, so lag 0 can come a tick before the picture): double counting never converges."""
-        pictures = run(latest_pictures(base, base.kafka_bootstrap_servers))
+        pictures = run(pictures_if_read(base))
+        if not all(pool in pictures for pool in POOLS):
+            return False
         online.update({pool: {k: pictures[pool]["rates"][k] for k in REQUEST_RATES} for pool in POOLS})
         return online == offline and pictures
 

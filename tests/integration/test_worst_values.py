@@ -32,7 +32,7 @@ from pipeline.sinks.store import open_store
 from pipeline.worker.pictures import KEY_SEP, partition_of, stored
 from pipeline.worker_process import healthy
 from tests.conftest import run, wait_for
-from tests.integration.kafka_helpers import replace_topic_config, topic_names
+from tests.integration.kafka_helpers import pictures_if_read, replace_topic_config, topic_names
 
 pytestmark = pytest.mark.integration
 
@@ -767,8 +767,7 @@ def test_events_naming_another_pools_model_cannot_make_a_pool_its_redirect_targe
                 events below are known to be in its state before the signals are judged."""
                 deadline = asyncio.get_running_loop().time() + 30
                 while True:
-                    picture = (await latest_pictures(loop_settings, loop_settings.kafka_bootstrap_servers,
-                                                     5.0)).get(SPARE)
+                    picture = (await pictures_if_read(loop_settings, 5.0)).get(SPARE)
                     if picture is not None and (picture["rates"]["completed_rps"] > 0) == merged:
                         return
                     assert asyncio.get_running_loop().time() < deadline, f"{SPARE}'s picture: {picture}"
