@@ -20,8 +20,8 @@ from typing import Callable
 
 from ..admission.flapping import reversals_per_minute
 from ..admission.policy import MAX_RETRY_AFTER_S
-from ..router.decider import RETRY_AFTER_SPREAD
 from ..cost import price_table
+from ..router.decider import RETRY_AFTER_SPREAD
 from ..settings import Settings, load_settings
 from .arrivals import RateSchedule, gamma_arrivals, rotated, trace_arrivals
 from .controllers import FixedThreshold, NoControl, SluiceInProcess

@@ -149,7 +149,7 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
             urllib.request.urlopen(f"{worker.base_url}/pools", timeout=5).read())["pools"] if p.get("pool") == POOL]
     except Exception as exc:
         own = f"did not answer: {exc!r}"
-    # every picture of the pool on the load topic, read to its end without a deadline: did the worker stop
+    # every picture of the pool on the load topic, read to its end (30 s at most): did the worker stop
     # publishing them, or did the test's reads stop short of the newest?
     published = []
     for record in whole_topic(s, topics.LOAD.name(s)):
@@ -161,8 +161,9 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
         except Exception:
             published.append((record.offset, "unparsed"))
     return (f"the last picture: {read}; the pool's pictures on the load topic (offset, published, watermark, "
-            f"goodput): {published[-12:]} of {len(published)}; the worker's /pools: {own}; the worker's /healthz: {health}; request events "
-            f"on the topic: {phases}; the worker's counters: " + "\n".join(counters) + "; " + "; ".join(logs))
+            f"goodput): {published[-12:]} of {len(published)}; the worker's /pools: {own}; the worker's /healthz: "
+            f"{health}; request events on the topic: {phases}; the worker's counters: " + "\n".join(counters)
+            + "; " + "; ".join(logs))
 
 
 def call(client, priority: str, task: str):
@@ -229,7 +230,7 @@ def test_the_proxy_sheds_sheddable_calls_with_429_passes_critical_and_its_events
         return picture is not None and picture["rates"]["goodput_tasks_per_s"] > 0 and picture
     try:
         wait_for(picture_counts_calls, 60, message="the pool's picture to count the proxy's calls")
-    except AssertionError as exc:   # in CI (sessions 18, 23, 24), unexplained: say where the events stopped
+    except AssertionError as exc:   # in CI (sessions 18, 23, 24, 26), unexplained: say where the events stopped
         raise AssertionError(f"{exc} ({last['cut_short']} read(s) cut short); "
                              f"{what_reached_the_worker(s, last.get('picture'), tmp_path, worker)}") from None
     raw = [topics.REQUESTS.name(s), topics.REPLICAS.name(s)]
