@@ -88,6 +88,17 @@ class Settings:
         "Capped at `topic_replication_factor` (one replica: 1) and always set on the topic, so a broker "
         "default above the replication factor cannot refuse every write (brokers before Kafka 3.7 do not "
         "cap it themselves).", min=1, max=16))
+    topic_compaction_lag_s: float = field(default=600.0, metadata=_doc(
+        "Longest a superseded load picture or stage 2 changelog record is kept before compaction, seconds "
+        "(`max.compaction.lag.ms` and `segment.ms` of those topics). Kafka never compacts a partition's open "
+        "segment, which by default rolls at 1 GiB or 7 days: without this, `sluice pools` and a worker "
+        "rebuilding stage 2 would read days of superseded records (a picture per pool per tick).",
+        min=1.0, max=7 * 86400.0))
+    admission_compaction_lag_s: float = field(default=3600.0, metadata=_doc(
+        "The same bound for the admission topic, seconds. A router starting reads this much of signals at most "
+        "(about 1 KB each; the demo's pool published one a second); the landing path lands every signal unless "
+        "the store is out for longer, after which only each pool's newest signal is sure to land.",
+        min=1.0, max=7 * 86400.0))
     app_id: str = field(default="sluice", metadata=_doc(
         "Faust application id: consumer group and changelog topic prefix.",
         pattern=r"[A-Za-z0-9._-]+"))

@@ -31,6 +31,7 @@ class TopicSpec:
     dead_letter: bool = False
     max_bytes: int = 0  # max.message.bytes, when declared here (raw and dead-letter topics derive theirs)
     broker_time: bool = False  # records stamped with the broker's clock (LogAppendTime), not the producer's
+    compaction_lag: str = "topic_compaction_lag_s"  # the setting that bounds a compacted topic's open segment
 
     def name(self, settings: Settings) -> str:
         ns = settings.topic_namespace
@@ -41,7 +42,9 @@ class TopicSpec:
 
     def config(self, settings: Settings) -> dict[str, str]:
         cfg = {"cleanup.policy": "compact" if self.compacted else "delete"}
-        if not self.compacted:
+        if self.compacted:
+            cfg |= compaction_config(getattr(settings, self.compaction_lag))
+        else:
             cfg["retention.ms"] = str(self.retention_ms)
         if self.raw:
             cfg["max.message.bytes"] = str(raw_topic_max_bytes(settings))
@@ -63,6 +66,25 @@ def replication_config(settings: Settings) -> dict[str, str]:
     factor below that default — one replica on brokers that want two in sync — refuses every acks=all
     write with NOT_ENOUGH_REPLICAS. Set on the topic, what applies is what the topic's config says."""
     return {"min.insync.replicas": str(min_insync_replicas(settings))}
+
+
+def compaction_config(lag_s: float) -> dict[str, str]:
+    """Bounds on a compacted topic's superseded records. Kafka compacts closed segments only, and the open one
+    rolls at 1 GiB or 7 days by default, so a reader from the beginning (a router starting, ``sluice pools``,
+    stage 2's changelog rebuild) would read every picture, signal or partial written since the last roll.
+    ``max.compaction.lag.ms`` makes each record eligible for compaction after the lag (and rolls the open
+    segment then, on Kafka 2.3+); ``segment.ms`` rolls it on brokers that ignore the first."""
+    lag_ms = str(int(lag_s * 1000))
+    return {"max.compaction.lag.ms": lag_ms, "segment.ms": lag_ms}
+
+
+def changelog_config(settings: Settings) -> dict[str, str]:
+    """Config of stage 2's changelog (Faust creates it). Every partial that leaves the table leaves a
+    tombstone, kept ``delete.retention.ms`` after compaction (a day by default), and a rebuild reads them all:
+    an hour bounds them. That is also how long a read from the start may take and still see every tombstone;
+    a rebuild's takes seconds."""
+    return compaction_config(settings.topic_compaction_lag_s) | {"delete.retention.ms": str(HOUR_MS)} \
+        | replication_config(settings)
 
 
 def min_insync_replicas(settings: Settings) -> int:
@@ -93,7 +115,7 @@ REPLICAS = TopicSpec("sluice.replicas.v1", key="replica_id", raw=True)
 # broker time: a rebuild's re-read starts by record time, so a producing worker's wrong clock cannot hide records
 PARTIALS = TopicSpec("sluice.partials.v1", key="pool", retention_ms=HOUR_MS, max_bytes=1 << 20, broker_time=True)
 LOAD = TopicSpec("sluice.load.v1", key="pool", compacted=True)
-ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True)
+ADMISSION = TopicSpec("sluice.admission.v1", key="pool", compacted=True, compaction_lag="admission_compaction_lag_s")
 DEADLETTER = TopicSpec("sluice.deadletter.v1", key="source topic/partition/offset",
                        retention_ms=30 * DAY_MS, dead_letter=True)
 
@@ -150,9 +172,45 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
         await wait_until_led(admin, list(configs), TOPICS_READY_TIMEOUT_S)
+        await _warn_of_drift(admin, {name: config for name, (_, config) in configs.items() if name in existing}
+                             | {changelog_topic(settings): changelog_config(settings)}, deadline)
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+def changelog_topic(settings: Settings) -> str:
+    """Stage 2's changelog, which Faust names after the app and the table (``pool_partials``)."""
+    return f"{settings.app_id}-pool_partials-changelog"
+
+
+def config_drift(declared: dict[str, str], actual: dict[str, str]) -> dict[str, tuple[str | None, str]]:
+    """key → (what the topic has, what Sluice declares) for every declared key the topic does not match."""
+    return {key: (actual.get(key), value) for key, value in declared.items() if actual.get(key) != value}
+
+
+async def _warn_of_drift(admin: Any, declared: dict[str, dict[str, str]], deadline: float) -> None:
+    """Log the existing topics whose config differs from what Sluice declares now. Their config is left as
+    it is, like their partitions (an operator may have chosen it), but a topic created by an older release
+    lacks what later ones declare (``topic_compaction_lag_s``), and nothing else would say so. A topic that
+    does not exist (the changelog before the first worker) or cannot be described is skipped."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    try:
+        responses = await _retried(lambda: admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in declared]), deadline)
+    except Exception as exc:  # a warning's input: never a reason not to start
+        log.info("could not compare topic configs with the declared ones: %s: %.200s", type(exc).__name__, exc)
+        return
+    for response in responses:
+        for code, _message, _type, name, entries in response.resources:
+            if code or name not in declared:
+                continue
+            drift = config_drift(declared[name], {entry[0]: entry[1] for entry in entries})
+            if drift:
+                log.warning("topic %s has another config than Sluice declares (left as it is; `kafka-configs.sh "
+                            "--alter --entity-type topics --entity-name %s --add-config` sets it): %s", name, name,
+                            ", ".join(f"{k}={have} (declared {want})" for k, (have, want) in sorted(drift.items())))
 
 
 TOPICS_READY_TIMEOUT_S = 60.0

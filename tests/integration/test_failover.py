@@ -193,7 +193,7 @@ def test_killing_the_busiest_broker_loses_and_duplicates_nothing_and_signals_go_
         worker.start(timeout_s=120)
         replication = run(replication_of(cluster.bootstrap, (namespace, settings.app_id)))
         leader_topic = f"{settings.app_id}-__assignor-__leader"  # Faust declares it without a config hook
-        assert f"{settings.app_id}-pool_partials-changelog" in replication and leader_topic in replication
+        assert topics.changelog_topic(settings) in replication and leader_topic in replication
         assert replication.pop(leader_topic) == (3, "2", False)  # the brokers' default: what the check tells apart
         assert {name for name, rf in replication.items() if rf != (3, "2", True)} == set(), replication
         router.thread.start()

@@ -25,7 +25,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline import topics
 from pipeline.events import MAX_SOURCE_TIMESTAMP_MS, ReplicaSample, RequestEvent
 from pipeline.load.partial import PartialBuilder
-from pipeline.pools_view import latest_pictures
 from pipeline.router import Admit, Request, RouterClient
 from pipeline.sim.specimens import replica_sample, request_event
 from pipeline.sinks.store import open_store
@@ -557,11 +556,6 @@ async def produce_one(bootstrap: str, topic: str, value: bytes, key: bytes, **kw
         await producer.stop()
 
 
-def changelog_topic(settings) -> str:
-    """Stage 2's table (``pool_partials`` in pipeline/worker/app.py) as Faust names its changelog."""
-    return f"{settings.app_id}-pool_partials-changelog"
-
-
 def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool(loop_settings, worker_factory):
     """Stage 2's changelog holds, for the overloaded pool, partials from the future — one kept before
     event times were bounded (2099, the raw partial as the table once stored it) and one an hour ahead
@@ -571,7 +565,7 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
     bootstrap = s.kafka_bootstrap_servers
     run(topics.ensure_topics(s, bootstrap))
     first = worker_factory(s).start()  # creates the changelog as a worker does
-    changelog = changelog_topic(s)
+    changelog = topics.changelog_topic(s)
     wait_for(lambda: changelog in run(topic_names(bootstrap)), 30, message=f"{changelog} to exist")
     # Stopped right away: a SIGTERM while the landing path resumes its first partitions used to hang the
     # worker until SIGKILL (the store was closed under the resume, which held and retried forever).
@@ -599,7 +593,10 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
                         "stage 2 to meet the poisoned partials while rebuilding from its changelog")
             await loop.shedding()
             window = await loop.keeps_shedding(now_ms())
-            pictures = await latest_pictures(s, bootstrap)
+            pictures, deadline = {}, time.monotonic() + 60
+            while POOL not in pictures:   # a read cut short is "not yet", not an older picture
+                assert time.monotonic() < deadline, f"no whole read of {POOL}'s picture within 60 s"
+                pictures = await pictures_if_read(s)
             return window, pictures
 
     window, pictures = run(scenario())

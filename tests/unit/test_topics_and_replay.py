@@ -24,6 +24,38 @@ def test_topic_names_follow_the_contract_and_namespace():
         == {"sluice.partials.v1"}
 
 
+def test_compacted_topics_bound_how_long_a_superseded_record_is_read():
+    """A router starting reads the admission topic from its start: every compacted topic Sluice creates
+    (and stage 2's changelog) rolls and compacts within ``topic_compaction_lag_s``; the others expire."""
+    settings = load_settings(env={"SLUICE_TOPIC_COMPACTION_LAG_S": "90", "SLUICE_ADMISSION_COMPACTION_LAG_S": "7"})
+    configs = topics.topic_configs(settings)
+    lags = {name: cfg["max.compaction.lag.ms"] for name, (_, cfg) in configs.items()
+            if cfg["cleanup.policy"] == "compact"}
+    assert lags == {"sluice.load.v1": "90000", "sluice.admission.v1": "7000"}
+    for name, (_, cfg) in configs.items():
+        if name in lags:
+            assert cfg["segment.ms"] == lags[name] and "retention.ms" not in cfg
+        else:
+            assert "max.compaction.lag.ms" not in cfg and int(cfg["retention.ms"]) > 0
+    changelog = topics.changelog_config(settings)
+    assert changelog["max.compaction.lag.ms"] == "90000" and changelog["delete.retention.ms"] == "3600000"
+    assert changelog["min.insync.replicas"] == "1"
+    default = load_settings(env={})
+    assert (default.topic_compaction_lag_s, default.admission_compaction_lag_s) == (600, 3600)
+    with pytest.raises(Exception, match="topic_compaction_lag_s"):
+        load_settings(env={"SLUICE_TOPIC_COMPACTION_LAG_S": "0"})
+
+
+def test_config_drift_names_each_declared_key_a_topic_does_not_match():
+    declared = {"cleanup.policy": "compact", "max.compaction.lag.ms": "600000", "segment.ms": "600000"}
+    created_by_an_older_release = {"cleanup.policy": "compact", "max.compaction.lag.ms": "9223372036854775807",
+                                   "segment.ms": "604800000", "retention.ms": "604800000"}
+    assert topics.config_drift(declared, created_by_an_older_release) == {
+        "max.compaction.lag.ms": ("9223372036854775807", "600000"), "segment.ms": ("604800000", "600000")}
+    assert topics.config_drift(declared, declared | {"retention.ms": "1"}) == {}   # undeclared keys: the operator's
+    assert topics.config_drift({"segment.ms": "1"}, {}) == {"segment.ms": (None, "1")}
+
+
 def test_trace_is_bundled_and_complete():
     trace = load_trace()
     assert len(trace) == 19_366
