@@ -179,9 +179,12 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
         await admin.close()
 
 
+PARTIALS_TABLE = "pool_partials"   # stage 2's Faust table of merged partials
+
+
 def changelog_topic(settings: Settings) -> str:
-    """Stage 2's changelog, which Faust names after the app and the table (``pool_partials``)."""
-    return f"{settings.app_id}-pool_partials-changelog"
+    """Stage 2's changelog, which Faust names after the app and the table."""
+    return f"{settings.app_id}-{PARTIALS_TABLE}-changelog"
 
 
 def config_drift(declared: dict[str, str], actual: dict[str, str]) -> dict[str, tuple[str | None, str]]:

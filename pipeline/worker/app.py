@@ -112,7 +112,7 @@ def _exit_hard() -> None:
 
 def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_letters: Any) -> tuple:
     partials = _bytes_topic(app, settings, topics.PARTIALS)
-    table = app.Table("pool_partials", partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
+    table = app.Table(topics.PARTIALS_TABLE, partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
                       value_type=bytes, extra_topic_configs=topics.changelog_config(settings))
     control = ControlConsumer(settings, dead_letters, partials)
     stage2 = Stage2(settings, table, _bytes_topic(app, settings, topics.LOAD),
