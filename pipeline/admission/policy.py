@@ -32,6 +32,9 @@ never shed while a lower class is still admitted. L has two parts:
   admitted rate, KV cache or compute at that share of its limit): pressure
   that admitted work is not causing — a lagging latency axis, a replica
   just lost — would otherwise wind the level up while the fleet sits idle.
+  Nor while the leading axes read under ``recover_pressure`` and nothing
+  waits: a latency still over its limit then is the window remembering a
+  shock that is over (docs/simulator.md, session 28).
   It also stands still while the level cannot follow it — where the level
   would go is past its bounded step (walking down after a spike, or held
   at the top) — unless the reversal deadband is what holds the level, where
@@ -428,7 +431,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         measured = capacity < float(picture["axes"]["demand"]["limit"])
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
-        trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, cfg)
+        # a latency still over its limit while the leading axes are under recover_pressure and nothing
+        # waits is the window remembering a shock that is over: the trim does not wind up on it
+        current = leading >= cfg.recover_pressure or float(picture["axes"]["queue"]["pressure"]) > 0
+        trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, current, cfg)
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level
@@ -528,15 +534,16 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     signal=signal)
 
 
-def _integrated_trim(previous: Decision, pressure: float, busy_share: float, untrimmed: float,
+def _integrated_trim(previous: Decision, pressure: float, busy_share: float, untrimmed: float, current: bool,
                      cfg: AdmissionConfig) -> float:
     """The trim after this tick's integration (module docstring). ``untrimmed`` is the feed-forward plus the
-    proportional part; with the trim it is where the level would go. Frozen inside the deadband too, a
-    steady turn waited out the whole dwell (found in review)."""
+    proportional part; with the trim it is where the level would go; ``current`` says the pressure is the
+    fleet's now (a leading axis near its limit, or a queue), not only a window's memory. Frozen inside the
+    deadband too, a steady turn waited out the whole dwell (found in review)."""
     trim = previous.trim
     reach = untrimmed + trim - previous.shed_level   # how far the level would go with the trim unchanged
     turning = reach * previous.direction < 0 and abs(reach) <= cfg.reversal_deadband   # the deadband holds it
-    if pressure > cfg.target_pressure and busy_share >= cfg.windup_utilisation:
+    if pressure > cfg.target_pressure and busy_share >= cfg.windup_utilisation and current:
         if reach < cfg.level_step_up or turning:
             trim += min(cfg.max_step_up, cfg.gain * (pressure - cfg.target_pressure))
     elif pressure < cfg.recover_pressure or busy_share < cfg.windup_utilisation:

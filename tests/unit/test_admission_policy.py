@@ -79,7 +79,7 @@ def test_the_trim_integrates_only_while_the_level_follows_it():
     integrating stored up shedding for after the queue drained, or landed far below the level and carried
     it past what the pool takes when it got there (the wave of shed work after a spike)."""
     busy = {"kv_cache": 0.6}   # the fleet busy enough for the trim to integrate
-    decisions = run([{"latency": 1.5, **busy}] * 80 + [{"queue": 5.0, **busy}] * 40 + [busy] * 200)
+    decisions = run([{"latency": 1.5, "queue": 0.3, **busy}] * 80 + [{"queue": 5.0, **busy}] * 40 + [busy] * 200)
     before, top = decisions[79], decisions[119]
     assert before.trim > 1.0                                   # the slow trim found an offset
     assert top.shed_level == 4 - CFG.critical_floor and top.trim <= before.trim + CFG.max_step_up
@@ -95,12 +95,25 @@ def test_a_turn_the_deadband_holds_is_carried_by_the_trim_not_waited_out(knobs):
     there too, and a calm pool held its shed level for the whole dwell (found in review)."""
     cfg = replace(CFG, **knobs)
     busy = {"kv_cache": 0.6}
-    decisions = run([{"latency": 1.5, **busy}] * 40 + [busy] * 200, cfg=cfg)
+    decisions = run([{"latency": 1.5, "queue": 0.3, **busy}] * 40 + [busy] * 200, cfg=cfg)
     peak = decisions[39].shed_level
     assert peak > 0.5
     first_down = next(i for i, d in enumerate(decisions[40:]) if d.shed_level < peak - 1e-9)
     assert first_down <= 4 and sum(1 for d in decisions[40:] if d.held_since_ms) <= 4
     assert decisions[-1].shed_level == 0.0
+
+
+def test_the_trim_does_not_wind_up_on_a_latency_the_fleet_no_longer_holds():
+    """A latency over its limit with the leading axes under ``recover_pressure`` and nothing waiting is the
+    window remembering a shock that is over: winding the trim up on it shed on a fleet going idle
+    (prompt-heavy-loss, session 28). A queue, or a leading axis near its limit, makes the same latency
+    current, and the trim integrates on it as before."""
+    history = run([{"latency": 2.0, "kv_cache": 0.6}] * 40)
+    assert all(d.trim == 0.0 and d.shed_level == 0.0 for d in history)
+    assert history[-1].state == "critical"                    # still reported: the state follows every axis
+    for current in ({"queue": 0.1}, {"kv_cache": CFG.recover_pressure}, {"compute": 0.95}):
+        held = run([{"latency": 2.0, "kv_cache": 0.6, **current}] * 40)
+        assert held[-1].trim > 0.5 and held[-1].shed_level > 0.5, current
 
 
 def test_escalation_is_immediate_deescalation_waits_for_dwell():
