@@ -172,8 +172,7 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
         await wait_until_led(admin, list(configs), TOPICS_READY_TIMEOUT_S)
-        await _warn_of_drift(admin, {name: config for name, (_, config) in configs.items() if name in existing}
-                             | {changelog_topic(settings): changelog_config(settings)}, deadline)
+        await _warn_of_drift(admin, drift_checked(settings, existing), deadline)
         return [t.name for t in wanted]
     finally:
         await admin.close()
@@ -185,6 +184,15 @@ PARTIALS_TABLE = "pool_partials"   # stage 2's Faust table of merged partials
 def changelog_topic(settings: Settings) -> str:
     """Stage 2's changelog, which Faust names after the app and the table."""
     return f"{settings.app_id}-{PARTIALS_TABLE}-changelog"
+
+
+def drift_checked(settings: Settings, existing: set[str]) -> dict[str, dict[str, str]]:
+    """name → declared config of the topics whose drift from it is worth a warning: Sluice's own that exist,
+    and stage 2's changelog. Not the OTLP spans topic: the Collector names it, and one it created with the
+    broker's defaults is the operator's choice, not an older release's."""
+    own = {spec.name(settings): spec.config(settings) for spec in ALL}
+    return ({name: config for name, config in own.items() if name in existing}
+            | {changelog_topic(settings): changelog_config(settings)})
 
 
 def config_drift(declared: dict[str, str], actual: dict[str, str]) -> dict[str, tuple[str | None, str]]:

@@ -46,6 +46,13 @@ def test_compacted_topics_bound_how_long_a_superseded_record_is_read():
         load_settings(env={"SLUICE_TOPIC_COMPACTION_LAG_S": "0"})
 
 
+def test_drift_is_checked_on_sluices_existing_topics_and_the_changelog_not_the_collectors_spans_topic():
+    s = load_settings(env={"SLUICE_OTEL_TOPIC": "otlp_spans"})
+    existing = {topics.LOAD.name(s), "otlp_spans", "someone.elses.topic"}
+    assert set(topics.drift_checked(s, existing)) == {topics.LOAD.name(s), topics.changelog_topic(s)}
+    assert topics.drift_checked(s, existing)[topics.LOAD.name(s)] == topics.LOAD.config(s)
+
+
 def test_config_drift_names_each_declared_key_a_topic_does_not_match():
     declared = {"cleanup.policy": "compact", "max.compaction.lag.ms": "600000", "segment.ms": "600000"}
     created_by_an_older_release = {"cleanup.policy": "compact", "max.compaction.lag.ms": "9223372036854775807",
