@@ -32,9 +32,9 @@ never shed while a lower class is still admitted. L has two parts:
   admitted rate, KV cache or compute at that share of its limit): pressure
   that admitted work is not causing — a lagging latency axis, a replica
   just lost — would otherwise wind the level up while the fleet sits idle.
-  Nor while the leading axes read under ``recover_pressure`` and nothing
-  waits: a latency still over its limit then is the window remembering a
-  shock that is over (docs/simulator.md, session 28).
+  Nor while the leading axes read under ``recover_pressure`` and the queue
+  is measured empty: a latency still over its limit then is the window
+  remembering a shock that is over (docs/simulator.md, change 14).
   It also stands still while the level cannot follow it — where the level
   would go is past its bounded step (walking down after a spike, or held
   at the top) — unless the reversal deadband is what holds the level, where
@@ -432,8 +432,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         # a latency still over its limit while the leading axes are under recover_pressure and nothing
-        # waits is the window remembering a shock that is over: the trim does not wind up on it
-        current = leading >= cfg.recover_pressure or float(picture["axes"]["queue"]["pressure"]) > 0
+        # waits is the window remembering a shock that is over: the trim does not wind up on it. A queue
+        # nobody measures (no replica sampled, no queue time reported) is not one known to be empty: there
+        # latency is the only evidence of load besides the profile's demand limit
+        queue = picture["axes"]["queue"]
+        current = leading >= cfg.recover_pressure or queue["value"] is None or float(queue["pressure"]) > 0
         trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, current, cfg)
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)

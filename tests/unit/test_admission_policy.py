@@ -114,6 +114,14 @@ def test_the_trim_does_not_wind_up_on_a_latency_the_fleet_no_longer_holds():
     for current in ({"queue": 0.1}, {"kv_cache": CFG.recover_pressure}, {"compute": 0.95}):
         held = run([{"latency": 2.0, "kv_cache": 0.6, **current}] * 40)
         assert held[-1].trim > 0.5 and held[-1].shed_level > 0.5, current
+    # no replica sampled and no queue time reported (a router-only deployment): the queue is unknown, not
+    # empty, and latency is what shows the load
+    decision = Decision("p")
+    for i in range(1, 41):
+        unmeasured = picture(watermark=i * TICK, latency=2.0, demand=0.6)
+        unmeasured["axes"]["queue"]["value"] = None
+        decision = decide(unmeasured, decision, CFG, i * TICK)
+    assert decision.trim > 0.5 and decision.shed_level > 0.5
 
 
 def test_escalation_is_immediate_deescalation_waits_for_dwell():
