@@ -576,7 +576,7 @@ def bench_decide(calls: int = 200_000) -> dict:
     axes["queue"]["detail"] = {"predicted_wait_s": 0.5, "requests_waiting": 4, "drain_rps": 8.0}
     axes["demand"]["detail"] = {"input_tokens_per_s": 1000.0}
     picture = {"pool": "p", "watermark_ms": 1, "pressure": 1.2, "axes": axes, "rates": {"arrival_rps": 1.0},
-               "replicas": {"fresh": 1}}
+               "replicas": {"total": 1, "fresh": 1, "stale": 0, "unhealthy": 0}}
     decision = Decision("p")
     for i in range(1, 5):
         decision = decide(picture, decision, AdmissionConfig(), i * 250)

@@ -432,11 +432,14 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         # a latency still over its limit while the leading axes are under recover_pressure and nothing
-        # waits is the window remembering a shock that is over: the trim does not wind up on it. A queue
-        # nobody measures (no replica sampled, no queue time reported) is not one known to be empty: there
-        # latency is the only evidence of load besides the profile's demand limit
-        queue = picture["axes"]["queue"]
-        current = leading >= cfg.recover_pressure or queue["value"] is None or float(queue["pressure"]) > 0
+        # waits is the window remembering a shock that is over: the trim does not wind up on it. Sampled
+        # replicas holding nothing and completing nothing (0 / 0) are a queue measured empty; a queue
+        # nobody measures (no replica sampled, no queue time reported) is not known to be empty. The cost:
+        # a latency made of slow generation (TPOT) with no queue and cool leading axes holds the trim where
+        # it is rather than winding it up (shedding takes load off, it does not speed a slow replica up)
+        queue, sampled = picture["axes"]["queue"], picture["replicas"]
+        queue_known = queue["value"] is not None or sampled["fresh"] + sampled["unhealthy"] > 0
+        current = leading >= cfg.recover_pressure or not queue_known or float(queue["pressure"]) > 0
         trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, current, cfg)
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)

@@ -23,7 +23,8 @@ def picture(pool="p", watermark=1_000, waiting=0, drain=10.0, errors=0.0, **pres
     axes["demand"]["detail"] = {"input_tokens_per_s": 10_000.0}
     axes["compute"]["limit"] = 40_000.0
     return {"pool": pool, "watermark_ms": watermark, "pressure": max(a["pressure"] for a in axes.values()),
-            "axes": axes, "rates": {"arrival_rps": 10.0}, "replicas": {"fresh": 4}}
+            "axes": axes, "rates": {"arrival_rps": 10.0},
+            "replicas": {"total": 4, "fresh": 4, "stale": 0, "unhealthy": 0}}
 
 
 def run(pressures, start=None, cfg=CFG, now=0):
@@ -114,14 +115,34 @@ def test_the_trim_does_not_wind_up_on_a_latency_the_fleet_no_longer_holds():
     for current in ({"queue": 0.1}, {"kv_cache": CFG.recover_pressure}, {"compute": 0.95}):
         held = run([{"latency": 2.0, "kv_cache": 0.6, **current}] * 40)
         assert held[-1].trim > 0.5 and held[-1].shed_level > 0.5, current
-    # no replica sampled and no queue time reported (a router-only deployment): the queue is unknown, not
-    # empty, and latency is what shows the load
+
+
+def _trim_after(latency_picture, ticks=40):
     decision = Decision("p")
-    for i in range(1, 41):
-        unmeasured = picture(watermark=i * TICK, latency=2.0, demand=0.6)
-        unmeasured["axes"]["queue"]["value"] = None
-        decision = decide(unmeasured, decision, CFG, i * TICK)
+    for i in range(1, ticks + 1):
+        decision = decide(latency_picture(i * TICK), decision, CFG, i * TICK)
+    return decision
+
+
+def test_a_queue_nobody_measures_is_not_one_measured_empty():
+    """No replica sampled and no queue time reported (a router-only deployment): the queue is unknown, not
+    empty, and the trim integrates on latency. Sampled replicas holding nothing and completing nothing
+    (predicted wait 0 / 0, no value) are a queue measured empty: the gate holds the trim there."""
+    def unmeasured(watermark):
+        p = picture(watermark=watermark, latency=2.0, demand=0.6)
+        p["axes"]["queue"]["value"] = None
+        p["replicas"] = {"total": 0, "fresh": 0, "stale": 0, "unhealthy": 0}
+        return p
+
+    def drained(watermark):
+        p = picture(watermark=watermark, latency=2.0, kv_cache=0.6, waiting=0, drain=0.0)
+        p["axes"]["queue"]["value"] = None
+        return p
+
+    decision = _trim_after(unmeasured)
     assert decision.trim > 0.5 and decision.shed_level > 0.5
+    decision = _trim_after(drained)
+    assert decision.trim == 0.0 and decision.shed_level == 0.0
 
 
 def test_escalation_is_immediate_deescalation_waits_for_dwell():
