@@ -433,10 +433,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         # a latency still over its limit while the leading axes are under recover_pressure and nothing
         # waits is the window remembering a shock that is over: the trim does not wind up on it. Sampled
-        # replicas holding nothing and completing nothing (0 / 0) are a queue measured empty; a queue
-        # nobody measures (no replica sampled, no queue time reported) is not known to be empty. The cost:
-        # a latency made of slow generation (TPOT) with no queue and cool leading axes holds the trim where
-        # it is rather than winding it up (shedding takes load off, it does not speed a slow replica up)
+        # replicas holding nothing and completing nothing (0 / 0) are a queue measured empty (so is a lone
+        # replica's queue the outlier cap reads as 0 while nothing completes: one replica does not shed its
+        # pool alone); a queue nobody measures (no replica sampled, no queue time reported) is not known to
+        # be empty. The cost: a latency made of slow generation (TPOT) with no queue and cool leading axes
+        # holds the trim where it is rather than winding it up
         queue, sampled = picture["axes"]["queue"], picture["replicas"]
         queue_known = queue["value"] is not None or sampled["fresh"] + sampled["unhealthy"] > 0
         current = leading >= cfg.recover_pressure or not queue_known or float(queue["pressure"]) > 0
