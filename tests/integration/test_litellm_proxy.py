@@ -116,13 +116,16 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
     and errors in the worker's and the proxy's logs."""
     read = picture and {k: picture.get(k) for k in ("watermark_ms", "published_at_ms", "rates", "late_events")}
     phases: dict[str, int] = {}
+    sent: list = []   # (partition, offset, record time, event time) of each request event
     for record in whole_topic(s, topics.REQUESTS.name(s)):
         try:
             doc = orjson.loads(record.value)
             key = f"{doc.get('phase')}@{str(doc.get('task_id', '')).split('-')[0]}"
+            sent.append((record.partition, record.offset, record.timestamp, doc.get("event_time")))
         except Exception:
             key = "unparsed"
         phases[key] = phases.get(key, 0) + 1
+    phases["sent (partition, offset, record time, event time)"] = sorted(sent)[-40:]
     logs = []
     for name in ("worker-0.log", "litellm.log"):
         path = tmp_path / name
@@ -160,7 +163,19 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
                                   doc.get("rates", {}).get("goodput_tasks_per_s")))
         except Exception:
             published.append((record.offset, "unparsed"))
-    return (f"the last picture: {read}; the pool's pictures on the load topic (offset, published, watermark, "
+    # every partial stage 1 cut: did the proxy's calls reach a published partial (stage 1), or did stage 2
+    # merge them without a picture (stage 2)?
+    partials = []
+    for record in whole_topic(s, topics.PARTIALS.name(s)):
+        try:
+            doc = orjson.loads(record.value)
+            partials.append((record.timestamp, doc.get("id"), doc.get("pool"), doc.get("newest_ms"),
+                             sorted(doc.get("requests", {})), len(doc.get("replicas", {}))))
+        except Exception:
+            partials.append((record.offset, "unparsed"))
+    return (f"the partials (time, id, pool, newest_ms, request seconds, replicas): {partials[-30:]} of "
+            f"{len(partials)}; "
+            f"the last picture: {read}; the pool's pictures on the load topic (offset, published, watermark, "
             f"goodput): {published[-12:]} of {len(published)}; the worker's /pools: {own}; the worker's /healthz: "
             f"{health}; request events on the topic: {phases}; the worker's counters: " + "\n".join(counters)
             + "; " + "; ".join(logs))
