@@ -180,7 +180,8 @@ class Settings:
         "A wait on the worker's Kafka producer (signals, partials, dead letters) longer than this, seconds, is "
         "named in /healthz's body (producer_stuck_s): an idempotent producer never gives up on a batch the "
         "broker does not acknowledge. It does not fail the check (a restart meets the same broker); a producer "
-        "whose sender ended or that a refusal spoiled does.", min=5, max=3600))
+        "whose sender ended or that a refusal spoiled does. A control-path cut waiting this long (its lock, the "
+        "group commit, the partials' send) is named there too (control.cut_stuck_s).", min=5, max=3600))
     producer_spent_exit_s: float = field(default=5.0, metadata=_doc(
         "A worker whose Kafka producer is spent (its sender ended, or a refusal spoiled it) exits with an error "
         "at most this long after it was first seen spent, seconds, and hard if its stop takes as long again, so "

@@ -115,6 +115,7 @@ def _control_role(app: faust.App, settings: Settings, bootstrap: str, dead_lette
     table = app.Table(topics.PARTIALS_TABLE, partitions=topics.PARTIALS.partitions(settings), key_type=bytes,
                       value_type=bytes, extra_topic_configs=topics.changelog_config(settings))
     control = ControlConsumer(settings, dead_letters, partials)
+    metrics.CUT_WAIT.set_function(control.cut_waits.longest)
     stage2 = Stage2(settings, table, _bytes_topic(app, settings, topics.LOAD),
                     _bytes_topic(app, settings, topics.ADMISSION))
 

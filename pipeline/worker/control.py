@@ -32,7 +32,7 @@ from ..ingest import Record, RecentIds, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
-from .stall_watch import send_all
+from .stall_watch import StallWatch, send_all
 
 log = logging.getLogger(__name__)
 Where = tuple[str, int]
@@ -54,6 +54,9 @@ class ControlConsumer(BatchLoop):
         self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
         self.unconfirmed: set[Where] = set()    # published cuts whose end the group has not committed
         self.owned: set[Where] = set()          # partitions assigned to this worker now
+        # each cut's waits, by phase (lock, commit, send): a cut that never ends stops the pool's pictures while
+        # the path still consumes, so /healthz names one older than producer_stall_s (http.health)
+        self.cut_waits = StallWatch()
         self._lock = asyncio.Lock()
 
     def _builder(self, where: Where) -> PartialBuilder:
@@ -131,8 +134,12 @@ class ControlConsumer(BatchLoop):
 
     async def publish_partials(self, only: list[Where] | None = None) -> int:
         """Cut the builders (write-ahead commit first, see the module doc) and publish their partials."""
-        async with self._lock:
+        with self.cut_waits.waiting("lock"):
+            await self._lock.acquire()
+        try:
             return await self._cut(only)
+        finally:
+            self._lock.release()
 
     async def _cut(self, only: list[Where] | None = None) -> int:
         """Under the lock: the cut, its write-ahead commit, then its partials."""
@@ -153,7 +160,9 @@ class ControlConsumer(BatchLoop):
         offsets.update({TopicPartition(*w): OffsetAndMetadata(start, "") for w, start in confirm.items()})
         if not offsets:
             return 0
-        if self.consumer is not None and not await commit(self.consumer, offsets):
+        with self.cut_waits.waiting("commit"):
+            committed = self.consumer is None or await commit(self.consumer, offsets)
+        if not committed:
             # not ours any more, or the broker is busy: the next cut (or the next owner) covers it
             assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
             for where in [w for w in cuts if w not in assigned]:
@@ -165,7 +174,8 @@ class ControlConsumer(BatchLoop):
             drained += self.builders[where].drain(f"{start}-{end}", topics.partial_budget_bytes())
             self.cut_start[where] = end + 1
             self.unconfirmed.add(where)
-        sent = await send_all("partials", ((self.partials_topic, p.pool.encode(), p.to_bytes()) for p in drained))
+        with self.cut_waits.waiting("send"):
+            sent = await send_all("partials", ((self.partials_topic, p.pool.encode(), p.to_bytes()) for p in drained))
         metrics.PARTIALS_PUBLISHED.inc(sent)
         return sent
 

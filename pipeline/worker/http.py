@@ -25,7 +25,9 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     producer can still deliver (its sender runs, no refusal spoiled it: only a restart brings a new one).
 
     Waits on the producer older than ``stall_s`` are named in the body but do not fail the check: the
-    broker is slow or away, and a restart would meet the same broker (stall_watch). In ``all`` the store's
+    broker is slow or away, and a restart would meet the same broker (stall_watch). So is a control-path cut
+    waiting that long (``control.cut_stuck_s``, by phase: lock, commit, send): the pool's pictures stop while
+    the path still consumes, and the signals go stale as the policy documents. In ``all`` the store's
     state is reported but does not fail the check either: a restart would cost the fleet its admission
     control and bring no store back.
     """
@@ -36,7 +38,7 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     ok = not reason
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
-        body["control"] = {"consuming": consuming}
+        body["control"] = {"consuming": consuming, "cut_stuck_s": control.cut_waits.stuck(stall_s)}
         ok = ok and consuming
     if landing is not None:
         consuming = bool(landing.consumer and landing.consumer.assignment())

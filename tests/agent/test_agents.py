@@ -618,6 +618,60 @@ def test_a_fold_waiting_on_a_cuts_commit_never_leaks_into_that_cut(app):
     assert [sum(b["completed"] for b in p["requests"].values()) for p in (first, second)] == [4, 6]
 
 
+def test_a_cut_that_waits_is_named_in_health_by_what_it_waits_on(app):
+    """A cut that never ends stops its pools' pictures while the path still consumes and the signals still
+    go out (test_litellm_proxy failed so once, unexplained): past producer_stall_s /healthz names the wait —
+    the commit, the lock a second cut queues on — without failing the check, and forgets it once it ends."""
+    from pipeline.worker.http import health
+    from pipeline.worker.stall_watch import StallWatch
+
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
+              for i in range(4)]
+    recs = [Record("raw", 0, i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    now, release = [0.0], None
+
+    class StuckCommit(RecordingConsumer):
+        async def commit(self, offsets):
+            await release.wait()
+            await super().commit(offsets)
+
+        def assignment(self):
+            return {("raw", 0)}
+
+    control = app.control
+    control.consumer, control.partials_topic = StuckCommit([]), MemoryTopic()
+    control.cut_waits = StallWatch(lambda: now[0])
+    control.owned.add(("raw", 0))
+
+    def stuck():
+        ok, body = health(control, None, 60, StallWatch(lambda: now[0]))
+        assert ok and body["control"]["consuming"], body
+        return body["control"]["cut_stuck_s"]
+
+    async def scenario():
+        nonlocal release
+        release = asyncio.Event()
+        await control.handle(RequestEvent, recs)
+        cut = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)                                   # the cut waits for its commit
+        now[0] += 30
+        queued = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)                                   # the next cut waits for the lock
+        assert stuck() == {}
+        now[0] += 31
+        assert stuck() == {"commit": 61.0}
+        now[0] += 30
+        assert stuck() == {"commit": 91.0, "lock": 61.0}
+        assert control.partials_topic.sent == []
+        release.set()
+        await cut
+        await queued
+        assert stuck() == {} and control.cut_waits.longest() == 0.0
+
+    asyncio.run(scenario())
+    assert len(control.partials_topic.sent) == 1
+
+
 
 def pool_partial(pool, source, event_time):
     builder = PartialBuilder(source, 15)

@@ -138,7 +138,7 @@ def what_reached_the_worker(s, picture: dict | None, tmp_path, worker) -> str:
             "sluice_control_events_total", "sluice_consumer_lag_records", "sluice_partials_",
             "sluice_events_accepted_total", "sluice_events_dead_lettered_total", "sluice_worker_producer_wait",
             "sluice_admission_signals_published_total", "sluice_picture_lag_seconds_count",
-            "sluice_pool_step_failures_total")) and "_created" not in line]
+            "sluice_pool_step_failures_total", "sluice_control_cut_wait")) and "_created" not in line]
     except Exception as exc:
         counters = [f"the worker's /metrics did not answer: {exc!r}"]
     try:
