@@ -58,8 +58,8 @@ PRODUCER_WAIT = Gauge("sluice_worker_producer_wait_seconds",
                       "past producer_stall_s /healthz names it (the broker is slow or away).", registry=REGISTRY)
 CUT_WAIT = Gauge("sluice_control_cut_wait_seconds",
                  "How long the control path's cut still going on has waited (0: none), for its lock, the group "
-                 "commit or its partials' send; past producer_stall_s /healthz names it: the pools' pictures "
-                 "stop until it ends.", registry=REGISTRY)
+                 "commit or its partials' send; past producer_stall_s /healthz names it: its partitions' "
+                 "events reach no picture until it ends.", registry=REGISTRY)
 NEWEST_EVENT_TIME = Gauge("sluice_newest_event_time_seconds",
                           "Event time of the newest accepted event, by source topic (Unix seconds).",
                           ["topic"], registry=REGISTRY)

@@ -54,8 +54,9 @@ class ControlConsumer(BatchLoop):
         self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
         self.unconfirmed: set[Where] = set()    # published cuts whose end the group has not committed
         self.owned: set[Where] = set()          # partitions assigned to this worker now
-        # each cut's waits, by phase (lock, commit, send): a cut that never ends stops the pool's pictures while
-        # the path still consumes, so /healthz names one older than producer_stall_s (http.health)
+        # each cut's waits, by phase (lock, commit, send): a cut that never ends keeps its partitions' events out
+        # of the pictures while the path still consumes, so /healthz names one older than producer_stall_s
+        # (http.health). Its ``spoiled`` is never read: the sends are the producer's, watched by PRODUCER_WAITS
         self.cut_waits = StallWatch()
         self._lock = asyncio.Lock()
 

@@ -26,8 +26,8 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
 
     Waits on the producer older than ``stall_s`` are named in the body but do not fail the check: the
     broker is slow or away, and a restart would meet the same broker (stall_watch). So is a control-path cut
-    waiting that long (``control.cut_stuck_s``, by phase: lock, commit, send): the pool's pictures stop while
-    the path still consumes, and the signals go stale as the policy documents. In ``all`` the store's
+    waiting that long (``control.cut_stuck_s``, by phase: lock, commit, send): its partitions' events stop
+    reaching the pools' pictures while the path still consumes (docs/runbook.md, cut stuck). In ``all`` the store's
     state is reported but does not fail the check either: a restart would cost the fleet its admission
     control and bring no store back.
     """
