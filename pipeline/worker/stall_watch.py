@@ -53,6 +53,10 @@ class StallWatch:
         now = self.clock()
         return max((now - since for _, since in self._waiting.values()), default=0.0)
 
+    def kinds(self) -> set[str]:
+        """What is being waited on now, whatever its age."""
+        return {what for what, _ in self._waiting.values()}
+
     def stuck(self, bound_s: float) -> dict[str, float]:
         """The waits older than ``bound_s``: the oldest of each kind, seconds."""
         now = self.clock()

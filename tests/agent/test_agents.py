@@ -672,6 +672,45 @@ def test_a_cut_that_waits_is_named_in_health_by_what_it_waits_on(app):
     assert len(control.partials_topic.sent) == 1
 
 
+def test_a_cut_queued_on_a_lock_nothing_explains_fails_health(app):
+    """A cut waiting on the lock past the bound while its holder waits on nothing timed (no commit or send of a
+    cut, no producer wait) is the path wedged inside the worker: only that fails /healthz, since a restart cures
+    it. The same lock held by a fold waiting on the broker to take its dead letters stays reported only."""
+    from pipeline.worker.http import health
+    from pipeline.worker.stall_watch import StallWatch
+
+    now = [0.0]
+    producer_waits = StallWatch(lambda: now[0])
+
+    class Assigned(RecordingConsumer):
+        def assignment(self):
+            return {("raw", 0)}
+
+    control = app.control
+    control.consumer = Assigned([])
+    control.cut_waits = StallWatch(lambda: now[0])
+
+    async def scenario():
+        await control._lock.acquire()                         # a fold that never lets go
+        cut = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)
+        now[0] += 59
+        assert health(control, None, 60, producer_waits)[0]
+        now[0] += 2
+        ok, body = health(control, None, 60, producer_waits)
+        assert not ok and body["control"] == {"consuming": True, "cut_stuck_s": {"lock": 61.0}, "wedged": True}
+        with producer_waits.waiting("dead letters"):          # the holder waits on the broker
+            now[0] += 40
+            ok, body = health(control, None, 60, producer_waits)
+            assert ok and body["control"]["cut_stuck_s"] == {"lock": 101.0} and not body["control"]["wedged"]
+        control._lock.release()
+        await cut
+        assert health(control, None, 60, producer_waits) == (True, {
+            "producer_stuck_s": {}, "control": {"consuming": True, "cut_stuck_s": {}, "wedged": False}, "ok": True})
+
+    asyncio.run(scenario())
+
+
 
 def pool_partial(pool, source, event_time):
     builder = PartialBuilder(source, 15)
