@@ -44,8 +44,7 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
         cut_stuck = control.cut_waits.stuck(stall_s)
         # a holder waiting on the broker has waited about as long as the cut queued behind it: half the bound
         # tells it from a send that is merely in flight
-        wedged = (set(cut_stuck) == {"lock"} and control.cut_waits.kinds() == {"lock"}
-                  and not waits.stuck(stall_s / 2))
+        wedged = bool(cut_stuck) and control.cut_waits.kinds() == {"lock"} and not waits.stuck(stall_s / 2)
         body["control"] = {"consuming": consuming, "cut_stuck_s": cut_stuck, "wedged": wedged}
         ok = ok and consuming and not wedged
     if landing is not None:
