@@ -183,10 +183,12 @@ class Settings:
         "whose sender ended or that a refusal spoiled does. A control-path cut waiting this long (its lock, the "
         "group commit, the partials' send) is named there too (control.cut_stuck_s).", min=5, max=3600))
     producer_spent_exit_s: float = field(default=5.0, metadata=_doc(
-        "A worker whose Kafka producer is spent (its sender ended, or a refusal spoiled it) exits with an error "
-        "at most this long after it was first seen spent, seconds, and hard if its stop takes as long again, so "
-        "that a supervisor restarting on exit (compose's restart policy, systemd) brings a new producer: Faust "
-        "cannot replace one in a running app. (A send that fails on it ends the worker at once.)", min=1, max=3600))
+        "A worker whose Kafka producer is spent (its sender ended, or a refusal spoiled it) or whose control path "
+        "is wedged (a cut queued on its lock past producer_stall_s while the holder waits on nothing at the "
+        "broker) exits with an error at most this long after that was first seen, seconds, and hard if its stop "
+        "takes as long again, so that a supervisor restarting on exit (compose's restart policy, systemd) brings "
+        "a new producer or a free path: Faust cannot replace a producer in a running app. (A send that fails on "
+        "a spent producer ends the worker at once.)", min=1, max=3600))
     tick_s: float = field(default=0.5, metadata=_doc(
         "Stage 2 steps the control loop every tick, seconds: pictures of changed pools, decisions, signals. "
         "The admission policy's steps (gain, step_down, level steps) are per tick, tuned at 0.5.",

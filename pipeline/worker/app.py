@@ -32,7 +32,7 @@ from .control import ControlConsumer
 from .http import add_pages
 from .landing import LandingConsumer
 from .pictures import Stage2
-from .stall_watch import PRODUCER_WAITS, ProducerSpent, SpentExit, aiokafka_producer, spent
+from .stall_watch import PRODUCER_WAITS, ControlWedged, ProducerSpent, RestartExit, aiokafka_producer, spent
 
 log = logging.getLogger(__name__)
 STORE_RETRY_S = 5.0
@@ -88,25 +88,37 @@ def create_app(settings: Settings) -> faust.App:
         if landing is not None:
             await landing.close()
 
-    spent_exit = SpentExit(settings.producer_spent_exit_s)
+    spent_exit = RestartExit(settings.producer_spent_exit_s)
+    wedged_exit = RestartExit(settings.producer_spent_exit_s)
 
     @app.timer(interval=1.0)
-    async def producer_spent_exit() -> None:
-        """End the worker when its producer is spent (stall_watch): nothing in it can bring a new one."""
+    async def exit_when_only_a_restart_cures() -> None:
+        """End the worker when its producer is spent (stall_watch) or its control path is wedged
+        (ControlConsumer.wedged): nothing in it can bring a new producer or free the path."""
         reason = spent(aiokafka_producer(app), PRODUCER_WAITS)
         if spent_exit.due(reason) and not app.should_stop:
             log.error("the Kafka producer is spent (%s): the worker exits, to be restarted with a new one", reason)
-            # the stop flushes the producer, which waits for ever on batches an ended sender never delivers
-            asyncio.get_running_loop().call_later(settings.producer_spent_exit_s, _exit_hard)
-            await app.crash(ProducerSpent(reason))
+            await _crash(app, settings, ProducerSpent(reason))
+        wedged = control.wedged(settings.producer_stall_s) if control is not None else None
+        if wedged_exit.due(None if wedged is None else f"{wedged:.0f} s") and not app.should_stop:
+            log.error("the control path is wedged (a cut has queued on its lock for %.0f s while the holder waits "
+                      "on nothing at the broker): the worker exits, to be restarted", wedged)
+            await _crash(app, settings, ControlWedged(f"a cut queued on the lock for {wedged:.0f} s"))
 
     metrics.attach_faust_sensors(app)
     add_pages(app, settings, control, landing, stage2)
     return app
 
 
-def _exit_hard() -> None:
-    log.critical("the worker's stop did not end with its spent producer: exiting without it")
+async def _crash(app: faust.App, settings: Settings, reason: Exception) -> None:
+    """Stop the worker with an error, and hard if the stop takes ``producer_spent_exit_s``: a spent producer's
+    flush waits for ever on batches an ended sender never delivers, a wedged path's stop on its lock."""
+    asyncio.get_running_loop().call_later(settings.producer_spent_exit_s, _exit_hard, reason)
+    await app.crash(reason)
+
+
+def _exit_hard(reason: Exception) -> None:
+    log.critical("the worker's stop did not end (%s: %s): exiting without it", type(reason).__name__, reason)
     os._exit(1)
 
 

@@ -58,6 +58,9 @@ class ControlConsumer(BatchLoop):
         # of the pictures while the path still consumes, so /healthz names one older than producer_stall_s
         # (http.health). Its ``spoiled`` is never read: the sends are the producer's, watched by PRODUCER_WAITS
         self.cut_waits = StallWatch()
+        # what a fold holding the lock waits on at the broker (its dead letters): with the cut's own commit and
+        # send, every broker wait a holder makes is timed, so a cut queued behind a holder in none is wedged
+        self.holder_waits = StallWatch()
         self._lock = asyncio.Lock()
 
     def _builder(self, where: Where) -> PartialBuilder:
@@ -102,8 +105,9 @@ class ControlConsumer(BatchLoop):
         now_ms = int(time.time() * 1000)
         decoded = decode_records(cls, records, s.max_event_bytes, now_ms, seen, self.bounds)
         if decoded.dead_letters:
-            await send_all("dead letters", ((self.dead_letter_topic, key, letter)
-                                            for _, key, letter in decoded.dead_letters))
+            with self.holder_waits.waiting("dead letters"):
+                await send_all("dead letters", ((self.dead_letter_topic, key, letter)
+                                                for _, key, letter in decoded.dead_letters))
         self.cut_start.setdefault(where, records[0].offset)
         self.folded_to[where] = records[-1].offset
         builder = self._builder(where)
@@ -132,6 +136,15 @@ class ControlConsumer(BatchLoop):
             label = metrics.pool_label(pool)
             metrics.REQUESTS_COMPLETED.labels(label).inc(done)
             metrics.TTFT_SLO_MISSES.labels(label).inc(missed)
+
+    def wedged(self, stall_s: float) -> float | None:
+        """Seconds a cut has queued on the lock past ``stall_s`` while the lock's holder waits on nothing at the
+        broker — no commit or send of a cut, no fold's dead letters (None: not wedged). Every broker wait a
+        holder makes is one of those, so this is the path stuck inside the worker, which only a restart cures;
+        a holder sending one batch of dead letters after another on a slow broker is never read as it."""
+        if self.cut_waits.kinds() != {"lock"} or self.holder_waits.kinds():
+            return None
+        return self.cut_waits.stuck(stall_s).get("lock")
 
     async def publish_partials(self, only: list[Where] | None = None) -> int:
         """Cut the builders (write-ahead commit first, see the module doc) and publish their partials."""

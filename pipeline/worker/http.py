@@ -28,9 +28,9 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     broker is slow or away, and a restart would meet the same broker (stall_watch). So is a control-path cut
     waiting that long (``control.cut_stuck_s``, by phase: lock, commit, send): its partitions' events stop
     reaching the pools' pictures while the path still consumes (docs/runbook.md, cut stuck). Except a cut
-    queued on the lock that long while nothing its holder could be waiting on is in flight — no commit or
-    send of a cut, no wait on the producer (dead letters) half as old: the path is wedged inside the worker,
-    which a restart cures, so that fails the check (``control.wedged``). In ``all`` the store's state is
+    queued on the lock that long while the lock's holder waits on nothing at the broker (``ControlConsumer.
+    wedged``): the path is wedged inside the worker, which a restart cures, so that fails the check
+    (``control.wedged``), and the worker exits (``RestartExit``). In ``all`` the store's state is
     reported but does not fail the check either: a restart would cost the fleet its admission control and
     bring no store back.
     """
@@ -41,11 +41,8 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     ok = not reason
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
-        cut_stuck = control.cut_waits.stuck(stall_s)
-        # a holder waiting on the broker has waited about as long as the cut queued behind it: half the bound
-        # tells it from a send that is merely in flight
-        wedged = bool(cut_stuck) and control.cut_waits.kinds() == {"lock"} and not waits.stuck(stall_s / 2)
-        body["control"] = {"consuming": consuming, "cut_stuck_s": cut_stuck, "wedged": wedged}
+        wedged = control.wedged(stall_s) is not None
+        body["control"] = {"consuming": consuming, "cut_stuck_s": control.cut_waits.stuck(stall_s), "wedged": wedged}
         ok = ok and consuming and not wedged
     if landing is not None:
         consuming = bool(landing.consumer and landing.consumer.assignment())

@@ -10,7 +10,7 @@ whose sender task has ended, or that a refusal spoiled for every later batch (an
 ``bounded_producer``) — fails /healthz, for the orchestrator to restart the worker with a new producer: Faust's
 producer cannot be replaced in a running app — and ends the worker, for a supervisor that restarts on exit
 (compose, systemd) and never reads /healthz. A send that fails on a spent producer already ends it (the
-exception ends the Faust task that sent, and Faust the app); ``SpentExit`` is for a producer spent where no
+exception ends the Faust task that sent, and Faust the app); ``RestartExit`` is for a producer spent where no
 send fails: a sender that ended without an error leaves every send waiting, for ever.
 """
 
@@ -78,9 +78,10 @@ def spent(producer: Any, waits: StallWatch) -> str | None:
     return "its sender task ended" if sender_stopped(producer) else waits.spoiled
 
 
-class SpentExit:
-    """When a worker whose producer is spent should end: ``grace_s`` after it was first seen spent, which
-    leaves /healthz the time to say why. Due once: the stop that follows is under way."""
+class RestartExit:
+    """When a worker in a state only a restart cures (its producer spent, its control path wedged) should end:
+    ``grace_s`` after that was first seen, which leaves /healthz the time to say why. Due once: the stop that
+    follows is under way."""
 
     def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.grace_s, self.clock = grace_s, clock
@@ -101,6 +102,11 @@ class SpentExit:
 
 class ProducerSpent(Exception):
     """The worker ends with this: its producer can deliver nothing more, and only a new process has a new one."""
+
+
+class ControlWedged(Exception):
+    """The worker ends with this: its control path's cut waits on a lock whose holder waits on nothing at the
+    broker (ControlConsumer.wedged), so its partitions' events no longer reach the pictures."""
 
 
 PRODUCER_WAITS = StallWatch()   # the worker's one producer, so one watch for every path that sends through it

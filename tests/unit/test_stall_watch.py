@@ -6,7 +6,7 @@ import pytest
 from aiokafka.errors import NotLeaderForPartitionError, OutOfOrderSequenceNumber
 
 from pipeline.worker.http import health
-from pipeline.worker.stall_watch import SpentExit, StallWatch, spent
+from pipeline.worker.stall_watch import RestartExit, StallWatch, spent
 from tests.unit.fake_producers import StalledProducer
 
 
@@ -66,7 +66,7 @@ def test_a_spent_producer_ends_the_worker_after_the_grace():
     """Exit is for a supervisor that restarts what exits and never reads /healthz; the grace lets /healthz
     say why first. A producer that can still deliver never ends the worker."""
     clock = Clock()
-    rule = SpentExit(5.0, clock)
+    rule = RestartExit(5.0, clock)
     assert not rule.due(None)
     assert not rule.due("its sender task ended")   # first seen now
     clock.now += 4.9
