@@ -40,6 +40,7 @@ class BatchLoop:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.consumer: Any = None
+        self.ended = False   # the loop ended: no consumer, and none until consume() runs again
         self._lag: dict[Any, int] = {}
 
     def group(self) -> str:
@@ -85,6 +86,7 @@ class BatchLoop:
         consumer = batch_consumer(s, bootstrap, self.group())
         consumer.subscribe(list(classes), listener=Rebalance())
         self.consumer = consumer  # before start: the first assignment can come while it starts
+        self.ended = False
         try:
             await consumer.start()
             while True:
@@ -96,7 +98,7 @@ class BatchLoop:
                 await self.on_fetched(records_by_topic(fetched))
                 update_lag(consumer, fetched, self._lag, self.lag_gauge, classes)
         finally:
-            self.consumer = None
+            self.ended, self.consumer = True, None
             await self.on_stop()
             await consumer.stop()
 

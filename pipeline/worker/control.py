@@ -32,7 +32,7 @@ from ..ingest import Record, RecentIds, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
-from .stall_watch import StallWatch, send_all
+from .stall_watch import PRODUCER_WAITS, StallWatch, send_all
 
 log = logging.getLogger(__name__)
 Where = tuple[str, int]
@@ -137,12 +137,16 @@ class ControlConsumer(BatchLoop):
             metrics.REQUESTS_COMPLETED.labels(label).inc(done)
             metrics.TTFT_SLO_MISSES.labels(label).inc(missed)
 
-    def wedged(self, stall_s: float) -> float | None:
-        """Seconds a cut has queued on the lock past ``stall_s`` while the lock's holder waits on nothing at the
-        broker — no commit or send of a cut, no fold's dead letters (None: not wedged). Every broker wait a
-        holder makes is one of those, so this is the path stuck inside the worker, which only a restart cures;
-        a holder sending one batch of dead letters after another on a slow broker is never read as it."""
-        if self.cut_waits.kinds() != {"lock"} or self.holder_waits.kinds():
+    def wedged(self, stall_s: float, producer_waits: StallWatch = PRODUCER_WAITS) -> float | None:
+        """How long a cut has queued on the lock, when over ``stall_s`` while the lock's holder waits on
+        nothing at the broker — no commit or send of a cut, no fold's dead letters (None: not wedged). Every
+        broker wait a holder makes is one of those, so this is the path stuck inside the worker, which only a
+        restart cures; a holder sending one batch of dead letters after another to a slow broker is never read
+        as it. Two guards, since reading a broker outage as wedged would end every worker at once: a lock just
+        handed to the queued cut (not yet run) is not held, and no wait on the producer may be half as old as
+        the bound (the broker is away: a restart would meet it)."""
+        if (not self._lock.locked() or self.cut_waits.kinds() != {"lock"} or self.holder_waits.kinds()
+                or producer_waits.stuck(stall_s / 2)):
             return None
         return self.cut_waits.stuck(stall_s).get("lock")
 
@@ -160,6 +164,11 @@ class ControlConsumer(BatchLoop):
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
+        consumer = self.consumer
+        if self.ended:
+            # a cut queued ahead of on_stop: with no consumer it cannot commit first, and what it would
+            # publish is read again by the partitions' next owner
+            return 0
         cuts: dict[Where, tuple[int, int]] = {}
         for where in list(self.builders):
             if (only is not None and where not in only) or where in self.replays:
@@ -175,10 +184,10 @@ class ControlConsumer(BatchLoop):
         if not offsets:
             return 0
         with self.cut_waits.waiting("commit"):
-            committed = self.consumer is None or await commit(self.consumer, offsets)
+            committed = consumer is None or await commit(consumer, offsets)
         if not committed:
             # not ours any more, or the broker is busy: the next cut (or the next owner) covers it
-            assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+            assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
             for where in [w for w in cuts if w not in assigned]:
                 self.forget(*where)
             return 0

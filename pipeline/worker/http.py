@@ -41,7 +41,7 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     ok = not reason
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
-        wedged = control.wedged(stall_s) is not None
+        wedged = control.wedged(stall_s, waits) is not None
         body["control"] = {"consuming": consuming, "cut_stuck_s": control.cut_waits.stuck(stall_s), "wedged": wedged}
         ok = ok and consuming and not wedged
     if landing is not None:

@@ -11,7 +11,8 @@ whose sender task has ended, or that a refusal spoiled for every later batch (an
 producer cannot be replaced in a running app — and ends the worker, for a supervisor that restarts on exit
 (compose, systemd) and never reads /healthz. A send that fails on a spent producer already ends it (the
 exception ends the Faust task that sent, and Faust the app); ``RestartExit`` is for a producer spent where no
-send fails: a sender that ended without an error leaves every send waiting, for ever.
+send fails (a sender that ended without an error leaves every send waiting, for ever), and for a control path
+wedged inside the worker (``ControlConsumer.wedged``).
 """
 
 from __future__ import annotations

@@ -226,6 +226,32 @@ def test_a_cut_is_committed_before_it_is_published_and_repeated_exactly_after_a_
                    ("commit", {("raw", 0): (106, "cut:109")}), ("partial", "raw/0/106-109")]
 
 
+def test_a_cut_queued_when_the_loop_ends_publishes_nothing(app):
+    """The loop ends (its fetch failed) while a fold holds the lock and a cut waits behind it: the cut gets the
+    lock before on_stop, but with no consumer it cannot commit first, so it publishes nothing (the next owner
+    reads those events again), and on_stop drops what was folded."""
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
+              for i in range(6)]
+    recs = [Record("raw", 0, 100 + i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    log = []
+    control = app.control
+    control.consumer, control.partials_topic = RecordingConsumer(log), LoggingTopic(log)
+    control.owned.add(("raw", 0))
+
+    async def scenario():
+        await control.handle(RequestEvent, recs)
+        await control._lock.acquire()                 # a fold under way
+        cut = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)
+        control.ended, control.consumer = True, None  # as BatchLoop.consume's finally does
+        stop = asyncio.ensure_future(control.on_stop())
+        control._lock.release()
+        return await cut, await stop
+
+    assert asyncio.run(scenario()) == (0, None)
+    assert log == [] and control.builders == {} and control.cut_start == {}
+
+
 def partial_bytes(source, tick, n):
     builder = PartialBuilder(source, 15)
     for i in range(n):
@@ -716,6 +742,55 @@ def test_a_cut_queued_on_a_lock_nothing_explains_fails_health(app):
 
     asyncio.run(scenario())
 
+
+
+def test_a_fold_waiting_on_its_dead_letters_is_not_a_wedged_path(app):
+    """Through the real fold: a malformed record's dead letter the broker does not acknowledge holds the lock,
+    and a cut queues behind it past the bound. That is the broker's side (a restart would meet it): named in
+    the cut's waits, never read as wedged. Once the broker takes it, the cut goes out."""
+    from pipeline.worker.http import health
+    from pipeline.worker.stall_watch import StallWatch
+
+    now = [0.0]
+
+    class Assigned(RecordingConsumer):
+        def assignment(self):
+            return {("raw", 0)}
+
+    class SlowBroker(MemoryTopic):
+        def __init__(self):
+            super().__init__()
+            self.acked = None
+
+        async def send(self, key, value):
+            self.sent.append((key, value))
+            self.acked = asyncio.get_running_loop().create_future()
+            return self.acked
+
+    log, dead_letters = [], SlowBroker()
+    control = app.control
+    control.consumer, control.partials_topic, control.dead_letter_topic = Assigned(log), LoggingTopic(log), dead_letters
+    control.owned.add(("raw", 0))
+    control.cut_waits, control.holder_waits = StallWatch(lambda: now[0]), StallWatch(lambda: now[0])
+    good = request_event(task_id="t1", request_id="t1-r1", event_time=1_700_000_000_000)
+    recs = [Record("raw", 0, 100, None, b"t1", orjson.dumps(good)), Record("raw", 0, 101, None, b"t2", b"{not json")]
+
+    async def scenario():
+        fold = asyncio.ensure_future(control.handle(RequestEvent, recs))
+        while dead_letters.acked is None:
+            await asyncio.sleep(0)
+        cut = asyncio.ensure_future(control.publish_partials())
+        await asyncio.sleep(0)
+        now[0] += 61
+        ok, body = health(control, None, 60, StallWatch(lambda: now[0]))
+        assert control.holder_waits.kinds() == {"dead letters"} and control.wedged(60, StallWatch()) is None
+        assert ok and body["control"] == {"consuming": True, "cut_stuck_s": {"lock": 61.0}, "wedged": False}
+        dead_letters.acked.set_result(None)
+        await fold
+        return await cut
+
+    assert asyncio.run(scenario()) == 1
+    assert [entry[0] for entry in log] == ["commit", "partial"] and len(dead_letters.sent) == 1
 
 
 def pool_partial(pool, source, event_time):
