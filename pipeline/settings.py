@@ -185,10 +185,11 @@ class Settings:
     producer_spent_exit_s: float = field(default=5.0, metadata=_doc(
         "A worker whose Kafka producer is spent (its sender ended, or a refusal spoiled it) or whose control path "
         "is wedged (a cut queued on its lock past producer_stall_s while the holder waits on nothing at the "
-        "broker) exits with an error this long after that was first seen (checked every second), seconds, and hard "
-        "if its stop takes as long again (a wedged path's stop always does: it waits on the same lock), so that a supervisor restarting on exit (compose's restart policy, systemd) brings "
-        "a new producer or a free path: Faust cannot replace a producer in a running app. (A send that fails on "
-        "a spent producer ends the worker at once.)", min=1, max=3600))
+        "broker) exits with an error this long after that was first seen (checked every second), seconds, and "
+        "hard if its stop takes as long again (a wedged path's stop always does: it waits on the same lock), so "
+        "that a supervisor restarting on exit (compose's restart policy, systemd) brings a new producer or a "
+        "free path: Faust cannot replace a producer in a running app. (A send that fails on a spent producer "
+        "ends the worker at once.)", min=1, max=3600))
     tick_s: float = field(default=0.5, metadata=_doc(
         "Stage 2 steps the control loop every tick, seconds: pictures of changed pools, decisions, signals. "
         "The admission policy's steps (gain, step_down, level steps) are per tick, tuned at 0.5.",

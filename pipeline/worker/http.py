@@ -42,7 +42,8 @@ def health(control: Any, landing: Any, stall_s: float, waits: StallWatch = PRODU
     if control is not None:
         consuming = bool(control.consumer and control.consumer.assignment())
         wedged = control.wedged(stall_s, waits) is not None
-        body["control"] = {"consuming": consuming, "cut_stuck_s": control.cut_waits.stuck(stall_s), "wedged": wedged}
+        cut_stuck = control.cut_waits.stuck(stall_s)
+        body["control"] = {"consuming": consuming, "cut_stuck_s": cut_stuck, "wedged": wedged}
         ok = ok and consuming and not wedged
     if landing is not None:
         consuming = bool(landing.consumer and landing.consumer.assignment())

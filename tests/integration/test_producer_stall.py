@@ -88,7 +88,8 @@ def test_a_broker_that_stops_acknowledging_is_named_in_the_workers_health_until_
             assert code == 200 and body["ok"] and not body["control"]["wedged"], body
             assert "producer_spent" not in body, body   # a restart would not help
             due = STALL_S + SPENT_EXIT_S + 2
-            return "signals" in body["producer_stuck_s"] and max(body["control"]["cut_stuck_s"].values(), default=0) > due
+            longest_cut_wait = max(body["control"]["cut_stuck_s"].values(), default=0)
+            return "signals" in body["producer_stuck_s"] and longest_cut_wait > due
 
         try:
             try:
