@@ -188,19 +188,26 @@ class LoggingTopic(MemoryTopic):
         return await super().send(key, value)
 
 
+def recorded_control(app, n):
+    """The app's control path over a recording consumer and partials topic, raw/0 owned, and ``n`` request
+    records at offsets 100 on; returns (control, records, log)."""
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
+              for i in range(n)]
+    recs = [Record("raw", 0, 100 + i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
+    log = []
+    control = app.control
+    control.consumer, control.partials_topic = RecordingConsumer(log), LoggingTopic(log)
+    control.owned.add(("raw", 0))
+    return control, recs, log
+
+
 def test_a_cut_is_committed_before_it_is_published_and_repeated_exactly_after_a_crash(app):
     """The write-ahead cut: a worker dying after publishing makes its successor publish the same partial id."""
     from aiokafka import TopicPartition
 
     from pipeline.worker.control import ControlConsumer
 
-    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
-              for i in range(10)]
-    recs = [Record("raw", 0, 100 + i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
-    log = []
-    first = app.control
-    first.consumer, first.partials_topic = RecordingConsumer(log), LoggingTopic(log)
-    first.owned.add(("raw", 0))
+    first, recs, log = recorded_control(app, 10)
 
     async def crash_after_publishing():
         await first.handle(RequestEvent, recs[:6])
@@ -230,13 +237,7 @@ def test_a_cut_queued_when_the_loop_ends_publishes_nothing(app):
     """The loop ends (its fetch failed) while a fold holds the lock and a cut waits behind it: the cut gets the
     lock before on_stop, but with no consumer it cannot commit first, so it publishes nothing (the next owner
     reads those events again), and on_stop drops what was folded."""
-    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_700_000_000_000 + i)
-              for i in range(6)]
-    recs = [Record("raw", 0, 100 + i, None, e["task_id"].encode(), orjson.dumps(e)) for i, e in enumerate(events)]
-    log = []
-    control = app.control
-    control.consumer, control.partials_topic = RecordingConsumer(log), LoggingTopic(log)
-    control.owned.add(("raw", 0))
+    control, recs, log = recorded_control(app, 6)
 
     async def scenario():
         await control.handle(RequestEvent, recs)
