@@ -18,12 +18,20 @@ class Decider:
     """``decide(request)`` from the signal book, with a seedable RNG and an injectable clock."""
 
     def __init__(self, book: SignalBook, seed: int | None = None, fallback_static_s: float = 30.0,
-                 throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time, min_retries: int = 10) -> None:
+                 throttle_k: float = 2.0, window_s: float = 120.0, clock=time.time, min_retries: int = 10,
+                 burst_s: int = 2, min_burst_retries: int = 3) -> None:
         self.book = book
         # retries every pool may make per window whatever its budget: per pool, a quiet pool (a request a
         # minute) would refuse its first retry after a failure (1 retry > 10% of 3 attempts); Finagle's retry
         # budgets keep a floor for the same reason
         self.min_retries = min_retries
+        # the budget holds over any ``burst_s`` seconds too, with a floor of its own: a replica that dies
+        # fails everything it held at once, and a budget over minutes let all of it retry within a second
+        # into the survivors, before any picture showed the loss (FCFS queues then held critical first
+        # tokens behind those cold prompts); the rest is refused with the signal's retry-after and comes
+        # back judged by the admit fraction of a picture that has seen the loss
+        self.burst_s = burst_s
+        self.min_burst_retries = min_burst_retries
         self.rng = random.Random(seed)
         self.fallback_static_ms = fallback_static_s * 1000   # in the unit of valid_until: no sum per call
         self.clock = clock
@@ -57,6 +65,9 @@ class Decider:
         if budgeted and request.priority != "critical":
             attempts, retries = counts.totals(now)
             if retries > signal["retry_budget"] * attempts + self.min_retries:
+                return self._reject(signal, "retry_budget")
+            attempts, retries = counts.recent(now, self.burst_s)
+            if retries > signal["retry_budget"] * attempts + self.min_burst_retries:
                 return self._reject(signal, "retry_budget")
         slo = request.slo_ttft_s
         # early rejection spares work that would miss its SLO, but never critical work: critical is shed

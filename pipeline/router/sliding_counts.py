@@ -39,6 +39,18 @@ class SlidingCounts:
         self._trim(now_s)
         return sum(x[1] for x in self.buckets), sum(x[2] for x in self.buckets)
 
+    def recent(self, now_s: float, seconds: int) -> tuple[int, int]:
+        """Counts of the newest ``seconds`` whole seconds up to ``now_s`` (this one included): the bound on
+        a burst inside the window, read from the same buckets."""
+        since = int(now_s) - seconds
+        a = b = 0
+        for bucket in reversed(self.buckets):
+            if bucket[0] <= since:
+                break
+            a += bucket[1]
+            b += bucket[2]
+        return a, b
+
     def _trim(self, now_s: float) -> None:
         buckets = self.buckets
         if buckets and buckets[-1][0] - now_s >= self.window_s:  # stepped back: those seconds never expire

@@ -136,6 +136,25 @@ def test_local_retry_budget():
     assert rejected_by_budget(decider.decide(Request("p", "standard", retry=True)))  # 3 of 21
 
 
+def test_a_burst_of_failure_retries_is_bounded_though_the_minutes_budget_has_room():
+    """A replica that dies fails all it held at once: a budget over two minutes let every retry in within a
+    second, into the survivors, before a picture showed the loss. Over any two seconds it holds too."""
+    clock = Clock(1_000.0)
+    book = book_with(signed()[0], clock=clock)
+    book.signals["p"]["retry_budget"] = 0.1
+    decider = Decider(book, seed=1, clock=clock, burst_s=2, min_burst_retries=3)
+    for _ in range(3):   # 20 first attempts a second: the two-minute budget has room for about 16 retries
+        for _ in range(20):
+            decider.decide(Request("p", "standard"))
+        clock.t += 1.0
+    verdicts = [decider.decide(Request("p", "standard", retry=True)) for _ in range(30)]
+    admitted = sum(isinstance(v, Admit) for v in verdicts)
+    assert admitted == 5, "20 + 5 attempts in the last two seconds: a sixth retry is over 10% of them + 3"
+    assert all(rejected_by_budget(v) for v in verdicts[admitted:])
+    assert isinstance(decider.decide(Request("p", "critical", retry=True)), Admit), "critical is never budgeted"
+    assert isinstance(decider.decide(Request("p", "standard", retry=True, after_shed=True)), Admit)
+
+
 def test_critical_retries_count_against_the_budget_but_only_its_admit_fraction_rejects_them():
     """The docs promise critical work is rejected by nothing but its own admit fraction; a retry budget spent
     in a cascade rejected critical retries too. Their retries still tighten the budget for the others."""
