@@ -615,3 +615,25 @@ def test_a_signal_with_an_absurd_seq_rules_until_it_expires_not_for_good():
                        "state": "ok"}
     assert not book.offer(sign(captured, "k1", KEYS["k1"]))
     assert book.offer(sign(after, "k1", KEYS["k1"])) and book.signals["p"]["state"] == "overloaded"
+
+
+@given(st.lists(st.tuples(st.floats(-3, 5), st.integers(0, 3), st.integers(0, 3)), max_size=200),
+       st.integers(1, 5), st.integers(6, 20))
+def test_sliding_counts_recent_are_the_newest_seconds_and_never_more_than_the_window(steps, seconds, window):
+    """The retry budget's burst bound reads the newest seconds of the same buckets. With a clock that only
+    moves on, they are exactly the adds of those seconds; with one that steps back (a negative gap), what is
+    counted ahead of it still counts as newest, and never more than the window holds."""
+    from pipeline.router import SlidingCounts
+
+    counts, seen, now, monotonic = SlidingCounts(window), [], 1_000.0, True
+    for gap, a, b in steps:
+        now += gap
+        monotonic = monotonic and gap >= 0
+        counts.add(now, a, b)
+        seen.append((int(now), a, b))
+        recent = counts.recent(now, seconds)
+        if monotonic:
+            newest = [(a, b) for second, a, b in seen if second > int(now) - seconds]
+            assert recent == (sum(a for a, _ in newest), sum(b for _, b in newest))
+        total = counts.totals(now)
+        assert recent[0] <= total[0] and recent[1] <= total[1]
