@@ -81,6 +81,8 @@ class RequestAgg:
         if phase == "received":
             c["received"] += 1
             c["received_" + e.priority] += 1
+            if e.input_tokens is not None:   # the prompt's size, where the router counts it on arrival
+                self._sketch("prompt").add(e.input_tokens)
             counts = self._tenant(e.tenant)
             counts[0] += 1
             counts[TENANT_CLASS_AT[e.priority]] += 1

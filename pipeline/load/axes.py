@@ -20,6 +20,17 @@ from .sketch import QuantileSketch
 
 PRESSURE_CAP = 10.0  # pressure when a limit is zero (no capacity left) or a cost is unbounded
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+# the newest arrivals' prompts, compared with the fast window's: two whole seconds, about a hundred arrivals at a
+# pool's usual rate, and a change of mix seen a second or two after it starts (the replicas' counters show it
+# only once the heavier work is being served, and a standing queue measures it some seconds later)
+RECENT_PROMPTS_S = 2
+# each prompt counts at most twice the fast window's p99: a minority of absurd sizes cannot make the pool look
+# much heavier (k of n newest arrivals raise their mean by at most k/n of that), while a real change of mix,
+# whose new prompts are mostly above the old p99, still reads most of its size
+PROMPT_CLIP_QUANTILE = 0.99
+PROMPT_CLIP_FACTOR = 2.0
+PROMPT_FIELDS = ("prompt_tokens_window_mean", "prompt_tokens_window_sd", "prompt_tokens_window_count",
+                 "prompt_tokens_recent_mean", "prompt_tokens_recent_count", "prompt_clip_tokens")
 LATENCIES = ("ttft", "tpot", "queue")
 
 
@@ -96,6 +107,7 @@ class Readings:
     waiting: Mapping[str, float]              # per fresh or unhealthy replica: its engine queue, outlier capped
     sums: Mapping[str, Mapping[str, float]]       # per replica: counter deltas over the fast window, outlier capped
     cost_sums: Mapping[str, Mapping[str, float]]  # per replica: counter deltas over the cost window
+    recent_prompts: QuantileSketch | None = None  # prompt sizes of the last RECENT_PROMPTS_S seconds' arrivals
 
 
 def quantiles(requests: RequestAgg) -> dict[str, dict[str, float | None]]:
@@ -119,7 +131,22 @@ def demand_axis(r: Readings) -> Axis:
         "offered_rps": {k: max(0, c["received_" + k] - (c["deferred"] if k == "deferrable" else 0)) / fast
                         for k in PRIORITIES},
         "input_tokens_per_s": c["input_tokens"] / fast,
-        "output_tokens_per_s": c["output_tokens"] / fast})
+        "output_tokens_per_s": c["output_tokens"] / fast,
+        **arriving_prompts(r)})
+
+
+def arriving_prompts(r: Readings) -> dict[str, float | None]:
+    """Prompt sizes of the arrivals that carry one (``input_tokens`` on ``received``): over the fast window and its
+    newest RECENT_PROMPTS_S seconds, each clipped at ``prompt_clip_tokens``; None where no router sends them.
+    Flat numbers, as every detail field a worker before them reads from the load topic is."""
+    window, recent = r.requests.sketches.get("prompt"), r.recent_prompts
+    if window is None or not window.count or recent is None or not recent.count:
+        return dict.fromkeys(PROMPT_FIELDS)
+    clip = PROMPT_CLIP_FACTOR * (window.quantile(PROMPT_CLIP_QUANTILE) or 0.0)
+    count, mean, sd = window.clipped_moments(clip)
+    recent_count, recent_mean, _ = recent.clipped_moments(clip)
+    return dict(zip(PROMPT_FIELDS, (round(mean, 3), round(sd, 3), count, round(recent_mean, 3), recent_count,
+                                    round(clip, 3))))
 
 
 def queue_axis(r: Readings) -> Axis:

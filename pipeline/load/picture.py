@@ -32,9 +32,11 @@ from .aggregates import IDENTIFIER, OTHER_TENANTS, REPLICA_SUMS, ReplicaAgg, Req
 from .cache_share import cache_share
 from .model_share import MAX_MODEL_NAME, MAX_MODELS, ModelShares
 from .tenant_load import MAX_PICTURE_TENANTS, tenant_load
-from .axes import AXES, AXIS_FUNCTIONS, PRESSURE_CAP, Axis, Readings, Replicas, finite, pressure, quantiles
+from .axes import (AXES, AXIS_FUNCTIONS, PRESSURE_CAP, RECENT_PROMPTS_S, Axis, Readings, Replicas, finite, pressure,
+                   quantiles)
 from .partial import Partial
 from .profiles import Profile
+from .sketch import QuantileSketch
 from .replica_outliers import SOLO_SHARE, capped_sums, top_capped
 
 __all__ = ["AXES", "PRESSURE_CAP", "LoadPicture", "PictureConfig", "PoolState", "pressure", "read_picture"]
@@ -191,6 +193,15 @@ class PoolState:
                 total.merge(agg) if sketches else total.merge_counts(agg, tenants=False)
         return total
 
+    def _sketch_in(self, name: str, seconds: int) -> QuantileSketch:
+        """One of the request sketches over the last ``seconds``."""
+        total = QuantileSketch()
+        for second in self._window(seconds):
+            agg = self.requests.get(second)
+            if agg is not None and name in agg.sketches:
+                total.merge(agg.sketches[name])
+        return total
+
     def _replica_sums(self, replica: ReplicaAgg, seconds: int, names: tuple[str, ...] = REPLICA_SUMS) -> dict[str, float]:
         sums = dict.fromkeys(names, 0.0)
         for second in self._window(seconds):
@@ -243,7 +254,8 @@ class PoolState:
             profile=config.profile, prices=config.prices, fast_s=fast, cost_s=slow,
             requests=requests, cost_requests=self._requests_in(slow, sketches=False),
             replicas=replace(replicas, outliers=tuple(sorted(outliers))), samples=samples, waiting=waiting,
-            sums=sums, cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()})
+            sums=sums, cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()},
+            recent_prompts=self._sketch_in("prompt", RECENT_PROMPTS_S))
 
     def picture(self, config: PictureConfig) -> "LoadPicture":
         """The pool's picture now: every axis in ``AXIS_FUNCTIONS``, with the rates and latencies beside them."""

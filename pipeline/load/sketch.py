@@ -74,6 +74,16 @@ class QuantileSketch:
                 return 2 * self.gamma ** index / (self.gamma + 1)
         return 2 * self.gamma ** max(self.buckets) / (self.gamma + 1)
 
+    def clipped_moments(self, limit: float) -> tuple[int, float, float]:
+        """(count, mean, standard deviation) of the values, each taken as at most ``limit`` (to the buckets'
+        precision): a few absurd values then move the mean by at most ``limit`` ÷ count each."""
+        if self.count == 0:
+            return 0, 0.0, 0.0
+        values = [(min(2 * self.gamma ** index / (self.gamma + 1), limit), n) for index, n in self.buckets.items()]
+        mean = sum(v * n for v, n in values) / self.count
+        spread = sum(n * (v - mean) ** 2 for v, n in values) + self.zeros * mean ** 2
+        return self.count, mean, math.sqrt(spread / self.count)
+
     def to_dict(self) -> dict:
         return {"a": self.alpha, "z": self.zeros, "n": self.count, "s": self.total,
                 "b": {str(k): v for k, v in self.buckets.items()}}

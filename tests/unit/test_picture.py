@@ -508,3 +508,43 @@ def test_a_replica_that_jumped_once_and_went_quiet_is_capped_while_its_counters_
     # 150 tokens/s from each honest replica; r9 counts 4× the next (1,500 tokens over the window), above the
     # floor (0.5 × 2 fresh replicas × 0.5 × 1000 tokens/s × 10 s)
     assert picture["axes"]["compute"]["value"] == pytest.approx(150 + 150 + 600)
+
+
+def _prompt_state(prompts_by_second):
+    """A pool whose arrivals carry their prompt sizes (input_tokens on received), second by second."""
+    builder = PartialBuilder("raw/0", replica_max_gap_s=15)
+    for second, prompts in prompts_by_second.items():
+        for prompt in prompts:
+            builder.fold_request(req(second, "received", input_tokens=prompt))
+    state = PoolState("p")
+    for partial in builder.drain(1):
+        assert state.merge(Partial.from_bytes(partial.to_bytes()), CONFIG)
+    builder = PartialBuilder("raw/1", replica_max_gap_s=15)
+    builder.fold_request(RequestEvent(**request_event(event_time=(max(prompts_by_second) + 1) * 1000 + 1,
+                                                      phase="completed", pool="p")))
+    for partial in builder.drain(2):
+        state.merge(partial, CONFIG)
+    detail = state.snapshot(CONFIG)["axes"]["demand"]["detail"]
+    return {k[len("prompt_"):]: v for k, v in detail.items() if k.startswith("prompt_")}
+
+
+def test_the_picture_compares_the_newest_arrivals_prompts_with_the_windows():
+    prompts = _prompt_state({s: [1000] * 20 if s < 108 else [4000] * 20 for s in range(100, 110)})
+    assert prompts["tokens_window_count"] == 200 and prompts["tokens_recent_count"] == 40
+    assert prompts["tokens_recent_mean"] == pytest.approx(4000, rel=0.02)
+    assert prompts["tokens_window_mean"] == pytest.approx(1600, rel=0.02)
+    assert prompts["clip_tokens"] == pytest.approx(8000, rel=0.02)   # twice the window's p99
+
+
+def test_a_few_absurd_prompts_cannot_make_the_arrivals_look_heavier():
+    steady = {s: [1000 + 10 * (i % 7) for i in range(20)] for s in range(100, 110)}
+    steady[109] = steady[109][:-2] + [10_000_000, 10_000_000]   # two at the contract's maximum
+    prompts = _prompt_state(steady)
+    # each counts at most twice the window's p99 (the two are 1% of it): the newest 2 s look 5% heavier
+    assert prompts["clip_tokens"] < 3 * 1060
+    assert prompts["tokens_recent_mean"] < 1.06 * prompts["tokens_window_mean"] + 100
+
+
+def test_arrivals_without_prompt_sizes_leave_the_comparison_out():
+    prompts = _prompt_state({s: [None] * 20 for s in range(100, 110)})
+    assert list(prompts.values()) == [None] * 6

@@ -50,3 +50,17 @@ def test_memory_is_bounded_by_range_not_count():
     for i in range(100_000):
         sketch.add(0.001 + (i % 1000) * 3.6)
     assert len(sketch.buckets) < 800
+
+
+def test_clipped_moments_count_each_value_at_most_the_limit():
+    sketch = QuantileSketch()
+    sketch.extend([100.0] * 99 + [1e7])
+    count, mean, sd = sketch.clipped_moments(200.0)
+    assert count == 100
+    assert mean == pytest.approx(101.0, rel=0.02)     # the absurd value counts as 200
+    assert sd == pytest.approx(math.sqrt(0.99 * 0.01) * 100, rel=0.05)
+    _, unclipped, _ = sketch.clipped_moments(math.inf)
+    assert unclipped == pytest.approx((99 * 100 + 1e7) / 100, rel=0.02)
+    sketch.add(0.0)
+    assert sketch.clipped_moments(200.0)[:2] == (101, pytest.approx(100 * 101 / 101, rel=0.02))
+    assert QuantileSketch().clipped_moments(1.0) == (0, 0.0, 0.0)
