@@ -94,6 +94,9 @@ class AdmissionConfig:
     saturated_queue_pressure: float = 1.0  # a queue this deep (queue-axis pressure): the pool serves all it can ...
     capacity_recovery: float = 0.01  # ... so its completions/s are its capacity, which relaxes back by this share
     # of the profile's capacity per tick while the leading axes show headroom (serving_capacity)
+    mix_shift_threshold: float = 1.25  # arrivals this much heavier than the fast window's (prompt + output
+    mix_shift_sigmas: float = 3.0      # tokens a request), and by this many standard errors, budget the
+    # profile's capacity ÷ that ratio until a standing queue measures the new mix (mix_shift)
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
@@ -229,6 +232,7 @@ class Decision:
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
     warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
+    mix_reference: float = 0.0  # tokens a request when arrivals turned heavier (0: no turn under way; mix_shift)
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -329,6 +333,63 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     return min(limit, previous_rps + cfg.capacity_recovery * limit)
 
 
+MIN_RECENT_PROMPTS = 10   # fewer newest arrivals than this with a prompt size say nothing about the mix
+MAX_MIX_SHIFT = 4.0       # a larger turn is left to the queue's measurement: what a burst of claims can cost
+
+
+def mix_shift(picture: Mapping[str, Any], cfg: AdmissionConfig, detail: bool = False) -> Any:
+    """How many times heavier the newest arrivals are than the fast window's (1.0 when not clearly so).
+
+    The profile's requests/s holds for the request mix it was measured on; when
+    prompts turn four times longer the same requests/s is about twice the
+    work, and the replicas' counters show it only as the heavier work is
+    served, a standing queue measures it seconds later (long-context in the
+    simulator: every late critical first token of most seeds was sent in
+    those seconds). Routers that count a prompt on arrival (``input_tokens``
+    on ``received``) show it at once. A request's work is its prompt plus the
+    window's mean output per finished attempt (unknown on arrival). Judged
+    against the window's noise (``mix_shift_sigmas`` standard errors), each
+    prompt clipped at twice the window's p99 by the picture: a few absurd
+    sizes move nothing. With ``detail``, also the window's tokens a request:
+    ``decide`` keeps it as the turn's reference (``window_shift``).
+    """
+    read = _prompts(picture)
+    if read is None:
+        return (1.0, 0.0) if detail else 1.0
+    n, recent, mean, sd, out = read
+    ratio = 1.0
+    if n >= MIN_RECENT_PROMPTS and recent > mean + cfg.mix_shift_sigmas * sd / math.sqrt(n):
+        ratio = _shift((recent + out) / (mean + out), cfg)
+    return (ratio, mean + out) if detail else ratio
+
+
+def window_shift(picture: Mapping[str, Any], reference: float, cfg: AdmissionConfig) -> float:
+    """The fast window's tokens a request against ``reference`` (1.0 when not clearly heavier)."""
+    read = _prompts(picture)
+    return _shift((read[2] + read[4]) / reference, cfg) if read is not None and reference > 0 else 1.0
+
+
+def _shift(ratio: float, cfg: AdmissionConfig) -> float:
+    ratio = min(ratio, MAX_MIX_SHIFT)
+    return ratio if ratio >= cfg.mix_shift_threshold else 1.0
+
+
+def _prompts(picture: Mapping[str, Any]) -> tuple[float, float, float, float, float] | None:
+    """(newest count, newest mean, window mean, window sd, mean output a finished request) from the demand
+    axis, or None where they are missing or not finite."""
+    detail = picture["axes"]["demand"].get("detail") or {}
+    try:
+        n, recent, mean, sd = (float(detail[f"prompt_tokens_{k}"])
+                               for k in ("recent_count", "recent_mean", "window_mean", "window_sd"))
+        finished = float(picture["rates"]["completed_rps"] or 0.0)
+        out = float(detail.get("output_tokens_per_s") or 0.0) / finished if finished > 0 else 0.0
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(map(math.isfinite, (n, recent, mean, sd, out))) or mean + out <= 0 or min(n, mean, sd, out) < 0:
+        return None
+    return n, recent, mean, sd, out
+
+
 def offered_by_class(picture: Mapping[str, Any]) -> dict[str, float]:
     """Attempts/s offered per class (retries of shed work included), from the demand axis."""
     detail = picture["axes"]["demand"].get("detail") or {}
@@ -404,7 +465,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
 
     held_since = 0
-    capacity, measured = previous.capacity_rps, previous.capacity_measured
+    capacity, measured, reference = previous.capacity_rps, previous.capacity_measured, previous.mix_reference
     if stale:
         stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
         level = previous.shed_level
@@ -428,8 +489,24 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         # being heard from (two of ten sampled at a worker's start) is not a measurement to climb back from
         capacity = serving_capacity(picture, previous.capacity_rps if previous.capacity_measured else 0.0,
                                     leading, cfg)
-        measured = capacity < float(picture["axes"]["demand"]["limit"])
-        forward = feed_forward_level(picture, cfg, capacity) if cfg.feed_forward else 0.0
+        # heavier arrivals budget the profile's figure ÷ the shift at once; it is kept (held, then let go as a
+        # measured figure is) only once the leading axes confirm the fleet is busy: an unconfirmed shift costs
+        # the ticks it lasts, never the minute a held figure takes to relax
+        # since a turn, the window's whole mix is also judged against the mix before it: once the window has
+        # taken in the heavier requests the figure must not relax back while they go on
+        limit, (instant, work) = float(picture["axes"]["demand"]["limit"]), mix_shift(picture, cfg, detail=True)
+        reference = previous.mix_reference or (work if instant > 1.0 else 0.0)
+        shift = max(instant, window_shift(picture, reference, cfg)) if reference else instant
+        budget = min(capacity, limit / shift)
+        if budget < capacity:
+            reasons.append({"axis": "demand", "value": round(shift, 6), "threshold": cfg.mix_shift_threshold,
+                            "note": f"arrivals {shift:.2f}× heavier than before: {budget:.1f} req/s budgeted"})
+            if leading >= cfg.recover_pressure or (previous.mix_reference and previous.capacity_measured):
+                capacity = budget   # confirmed by the fleet, now or earlier in this turn
+        measured = capacity < limit
+        if instant == 1.0 and not measured:
+            reference = 0.0   # the turn is over, or the fleet never confirmed it: the next one starts afresh
+        forward = feed_forward_level(picture, cfg, budget) if cfg.feed_forward else 0.0
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         # a latency still over its limit while the leading axes are under recover_pressure and nothing
         # waits is the window remembering a shock that is over: the trim does not wind up on it. Sampled
@@ -536,7 +613,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
-                    capacity_rps=round(capacity, 6), capacity_measured=measured,
+                    capacity_rps=round(capacity, 6), capacity_measured=measured, mix_reference=round(reference, 3),
                     tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), warm_relief=relief,
                     signal=signal)
 

@@ -287,7 +287,8 @@ class FleetSim:
         self._second("decisions", 1)
         request_id = f"{task.id}-s{task.step}"
         base = self._base_event(task, request_id, task.attempt + 1, task.pool)
-        self._emit(base | {"phase": "received"})
+        # routers count the prompt on arrival (the conversation so far, cached or not), as gateways do to route
+        self._emit(base | {"phase": "received", "input_tokens": task.context})
         if isinstance(verdict, Defer):
             task.waiting_verdict = True
             self._emit(base | {"phase": "deferred"})
@@ -300,7 +301,7 @@ class FleetSim:
             self._emit(base | {"phase": "redirected"})
             pool = verdict.pool
             base = self._base_event(task, request_id, task.attempt, pool)
-            self._emit(base | {"phase": "received"})
+            self._emit(base | {"phase": "received", "input_tokens": task.context})
             verdict = ADMIT
         task.last_shed = isinstance(verdict, (Reject, Redirect))
         if task.last_shed:

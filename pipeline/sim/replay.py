@@ -201,7 +201,8 @@ def _schedule_task(fleet: Fleet, rng: random.Random, new_id, schedule, start_ms:
             out_tokens = 0 if fails else row.output_tokens
             duration = ttft + out_tokens * tpot + (5.0 if fails else 0.0)
             cached = row.input_tokens // 2 if step else 0
-            schedule(step_at, task_id, base | {"event_id": new_id(), "event_time": ms(step_at), "phase": "received"})
+            schedule(step_at, task_id, base | {"event_id": new_id(), "event_time": ms(step_at), "phase": "received",
+                                               "input_tokens": row.input_tokens})
             schedule(step_at + queue, task_id, base | {"event_id": new_id(), "event_time": ms(step_at + queue),
                                                        "phase": "admitted", "replica_id": replica})
             if not fails:

@@ -463,6 +463,96 @@ def test_a_drain_above_the_profile_does_not_raise_the_capacity():
     assert d.capacity_rps == 40.0
 
 
+def arriving(p, recent, window=1000.0, sd=300.0, n=100, output_per_s=2000.0, completed_rps=10.0):
+    """``p`` with the newest arrivals' prompts (mean ``recent`` over ``n``) against the fast window's; 200 output
+    tokens a finished request."""
+    p["axes"]["demand"]["detail"] |= {
+        "prompt_tokens_window_mean": window, "prompt_tokens_window_sd": sd, "prompt_tokens_window_count": 5 * n,
+        "prompt_tokens_recent_mean": recent, "prompt_tokens_recent_count": n, "prompt_clip_tokens": 6 * window,
+        "output_tokens_per_s": output_per_s}
+    p["rates"]["completed_rps"] = completed_rps
+    return p
+
+
+def test_arrivals_turning_heavier_budget_the_profiles_capacity_before_any_queue_shows_it():
+    """Prompts four times the window's: the same requests/s is (4000 + 200) ÷ (1000 + 200) = 3.5 times the work.
+    The feed-forward budgets the profile's 40 req/s ÷ 3.5 at once, with no queue yet; the figure is kept, and
+    held as a measured one, once the leading axes confirm the fleet is busy (KV cache at 0.95), and not
+    compounded as the window takes in the new mix."""
+    plain = decide(heavy(TICK, queue=0.2), Decision("p"), CFG, TICK)
+    assert plain.capacity_rps == 40.0 and plain.shed_level == 0.0
+    d = decide(arriving(heavy(TICK, queue=0.2), recent=4000.0), Decision("p"), CFG, TICK)
+    assert d.shed_level == pytest.approx(CFG.level_step_up)   # 20 offered against 0.85 × 11.4: at once
+    assert {"axis": "demand", "value": 3.5, "threshold": CFG.mix_shift_threshold,
+            "note": "arrivals 3.50× heavier than before: 11.4 req/s budgeted"} in d.signal["reasons"]
+    envelope = {"event_id": "00000000-0000-4000-8000-000000000000", "event_time": TICK, **d.signal}
+    validate("admission_signal", verify(sign(envelope, "k", b"secret"), {"k": b"secret"}))
+    assert d.capacity_rps == 40.0 and not d.capacity_measured   # the fleet does not confirm it yet
+    d = decide(arriving(heavy(2 * TICK, queue=0.2, kv_cache=0.95), recent=4000.0), d, CFG, 2 * TICK)
+    assert d.capacity_rps == pytest.approx(40 / 3.5, rel=1e-4) and d.capacity_measured
+    absorbed = arriving(heavy(3 * TICK, queue=0.2, kv_cache=0.95), recent=4000.0, window=2500.0)
+    held = decide(absorbed, d, CFG, 3 * TICK)
+    assert held.capacity_rps == pytest.approx(40 / 3.5, rel=1e-4)
+    # a standing queue's measurement is not divided again: the smaller of the two
+    queued = decide(arriving(heavy(TICK, queue=1.2, drain=10.0, kv_cache=0.8), recent=4000.0), Decision("p"), CFG, TICK)
+    assert queued.capacity_rps == 10.0
+
+
+def test_after_a_confirmed_turn_the_window_is_judged_against_the_mix_before_it():
+    """Ten seconds after prompts turned four times longer the fast window holds only the new mix, so the newest
+    arrivals are no heavier than it: the budget stays the profile's ÷ 3.5 (the window against the mix before
+    the turn) though the leading axes show headroom, and relaxes back only once the mix is light again."""
+    d = Decision("p")
+    for i in range(1, 3):
+        d = decide(arriving(heavy(i * TICK, queue=0.2, kv_cache=0.95), recent=4000.0), d, CFG, i * TICK)
+    assert d.capacity_rps == pytest.approx(40 / 3.5, rel=1e-4) and d.mix_reference == 1200.0
+    for i in range(3, 60):
+        d = decide(arriving(heavy(i * TICK, queue=0.2, kv_cache=0.5), recent=4000.0, window=4000.0), d, CFG, i * TICK)
+        assert d.capacity_rps == pytest.approx(40 / 3.5, rel=1e-4), f"relaxed at tick {i}"
+    for i in range(60, 200):
+        d = decide(arriving(heavy(i * TICK, queue=0.2, kv_cache=0.5), recent=1000.0), d, CFG, i * TICK)
+    assert d.capacity_rps == 40.0 and d.mix_reference == 0.0
+
+
+def test_a_shift_the_fleet_does_not_confirm_costs_only_the_ticks_it_lasts():
+    """Claims of heavier prompts beside a fleet with headroom (a router's bug, or a burst of absurd sizes that
+    got past the clip): the budget is cut while they last, capped at MAX_MIX_SHIFT, and whole the tick after."""
+    from pipeline.admission.policy import MAX_MIX_SHIFT
+
+    d = Decision("p")
+    for i in range(1, 4):
+        d = decide(arriving(heavy(i * TICK, queue=0.2, offered=30.0), recent=1e7, sd=1.0), d, CFG, i * TICK)
+        assert d.capacity_rps == 40.0 and not d.capacity_measured
+    claimed = d.shed_level
+    assert 0 < claimed <= feed_forward_cap(40.0 / MAX_MIX_SHIFT)
+    d = decide(arriving(heavy(4 * TICK, queue=0.2, offered=30.0), recent=1000.0), d, CFG, 4 * TICK)
+    assert d.capacity_rps == 40.0
+    later = [d := decide(heavy(i * TICK, queue=0.2, offered=30.0), d, CFG, i * TICK) for i in range(5, 40)]
+    assert later[-1].shed_level == 0.0   # let go in the level's own steps, not a held capacity's minute
+
+
+def feed_forward_cap(budget: float) -> float:
+    """The feed-forward level of ``heavy``'s 30 offered req/s (equal per class) against ``budget``."""
+    from pipeline.admission.policy import feed_forward_level
+
+    return feed_forward_level(heavy(TICK, offered=30.0), CFG, budget)
+
+
+@pytest.mark.parametrize("recent,sd,n,fields", [
+    (1200.0, 300.0, 100, {}),            # clearly heavier, but 1.17 times the work: under the threshold
+    (1600.0, 3000.0, 100, {}),           # 1.5 times, within three standard errors of the window's (900)
+    (4000.0, 300.0, 5, {}),              # too few newest arrivals to say anything
+    (4000.0, 300.0, 100, {"prompt_tokens_recent_mean": None}),   # no router sends prompt sizes
+    (4000.0, 300.0, 100, {"prompt_tokens_window_sd": "x"}),
+    (4000.0, 300.0, 100, {"prompt_tokens_recent_count": float("inf")}),
+])
+def test_a_mix_within_the_noise_or_the_threshold_or_unread_leaves_the_capacity_alone(recent, sd, n, fields):
+    p = arriving(heavy(TICK, queue=0.2), recent=recent, sd=sd, n=n)
+    p["axes"]["demand"]["detail"] |= fields
+    d = decide(p, Decision("p"), CFG, TICK)
+    assert d.capacity_rps == 40.0 and d.shed_level == 0.0
+
+
 @pytest.mark.parametrize("knob", ["saturated_queue_pressure", "capacity_recovery"])
 def test_capacity_knobs_must_be_positive(knob):
     from pipeline.admission.policy import config_from
