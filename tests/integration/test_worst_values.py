@@ -613,6 +613,45 @@ def test_a_changelog_poisoned_from_the_future_before_start_does_not_pin_the_pool
 
 LIE_FROM_S, LIE_TO_S = 10.0, 30.0   # when, in the live run's seconds, one replica lies (then is honest again)
 LEAP_FROM_S, QUIET_FROM_S = 16.0, 22.0   # its queue lie gives way to leaping counters, then it goes quiet
+def steady_fleet(settings, worker_factory, seconds: float):
+    """A simulated fleet of ``seconds`` and a worker tuned to its SLO capacity: (fleet, capacity, settings,
+    started worker)."""
+    from pipeline.sim.scenarios import Fleet, slo_capacity, sluice_settings
+
+    fleet = Fleet(duration_s=seconds, drain_s=10.0)
+    capacity = slo_capacity(fleet, fleet.replicas)
+    tuned = replace(sluice_settings(capacity, settings), retention_days=0)
+    return fleet, capacity, tuned, worker_factory(tuned).start()
+
+
+def steady_beside(settings, fleet, capacity, watch, beside, clock: dict, seen: list) -> None:
+    """The steady scenario live through the worker, with ``beside(producer)`` producing next to its routers and
+    agents until it returns. Every 0.25 s: ``clock["now"]`` is the run's second, the routers' admit fractions
+    are appended to ``seen`` and ``watch(now, picture)`` sees the pool's newest picture."""
+    from pipeline.sim.live import run_live
+    from pipeline.sim.scenarios import POOL as SIM_POOL, SCENARIOS
+
+    def watching(now, sim, pictures):
+        clock["now"] = now
+        signal = sim.controller.router.book.signals.get(SIM_POOL)
+        if signal is not None:
+            seen.append((now, dict(signal["admit_fraction"])))
+        watch(now, pictures.get(SIM_POOL, {}))
+
+    async def scenario():
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+        await producer.start()
+        try:
+            alongside = asyncio.create_task(beside(producer))
+            await run_live(settings, SCENARIOS["steady"], fleet, capacity, settings.kafka_bootstrap_servers,
+                           display=watching, display_every_s=0.25)
+            await alongside
+        finally:
+            await producer.stop()
+
+    run(scenario())
+
+
 LEAP_PER_SAMPLE = {"prompt_tokens_total": 20_000_000, "generation_tokens_total": 2_000_000,
                    "preemptions_total": 5_000}   # per 0.5 s: inside the counter-jump bound for one GPU (1e8/s)
 
@@ -634,25 +673,16 @@ def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(se
     (the step to half the limit briefly trims it), and the serving capacity holds. Deferrable work may stay
     partly deferred during the lie (half the limit, on top of the fleet's own queue, is where the policy
     starts deferring it: measured, session 19)."""
-    from pipeline.sim.live import run_live
-    from pipeline.sim.scenarios import POOL as SIM_POOL, SCENARIOS, Fleet, slo_capacity, sluice_settings
+    from pipeline.sim.scenarios import POOL as SIM_POOL
 
-    fleet = Fleet(duration_s=LIE_TO_S + 10, drain_s=10.0)
-    capacity = slo_capacity(fleet, fleet.replicas)
-    tuned = replace(sluice_settings(capacity, settings), retention_days=0)
-    worker = worker_factory(tuned).start()
+    fleet, capacity, tuned, worker = steady_fleet(settings, worker_factory, LIE_TO_S + 10)
     clock = {"now": 0.0}
     seen: list[tuple[float, dict]] = []
     named: list[float] = []   # when a picture named the liar as an outlier
     capacities: list[tuple[float, float]] = []
     axes: list[tuple[float, float, float]] = []   # (when, compute pressure, KV pressure) while the counters lie
 
-    def watch(now, sim, pictures):
-        clock["now"] = now
-        signal = sim.controller.router.book.signals.get(SIM_POOL)
-        if signal is not None:
-            seen.append((now, dict(signal["admit_fraction"])))
-        picture = pictures.get(SIM_POOL, {})
+    def watch(now, picture):
         if f"{SIM_POOL}-liar" in picture.get("replicas", {}).get("outlier_ids", []):
             named.append(now)
         if LEAP_FROM_S <= now < LIE_TO_S and "axes" in picture:
@@ -679,19 +709,7 @@ def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(se
                 await (await producer.send(topic, orjson.dumps(sample), key=sample["replica_id"].encode()))
             await asyncio.sleep(0.5)   # the agent's sampling interval, not a synchronisation
 
-    async def scenario():
-        producer = AIOKafkaProducer(bootstrap_servers=tuned.kafka_bootstrap_servers)
-        await producer.start()
-        try:
-            lies = asyncio.create_task(liar(producer))
-            sim, _ = await run_live(worker.settings, SCENARIOS["steady"], fleet, capacity,
-                                    tuned.kafka_bootstrap_servers, display=watch, display_every_s=0.25)
-            await lies
-            return sim
-        finally:
-            await producer.stop()
-
-    run(scenario())
+    steady_beside(worker.settings, fleet, capacity, watch, liar, clock, seen)
     during_lie = [(t, a) for t, a in seen if LIE_FROM_S <= t <= LIE_TO_S]
     trail = [(round(t), a) for t, a in during_lie[::8]]
     assert named and LIE_FROM_S <= min(named) <= LIE_FROM_S + 5, f"the pictures never named the queue's liar: {named}"
@@ -717,6 +735,64 @@ def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(se
           f"{highest[0]:.2f} / {highest[1]:.2f}; critical and standard never shed; lowest {lowest}, sheddable "
           f"admitted in full again {open_at - LIE_FROM_S:.1f} s into the lie; serving capacity "
           f"{profile:.1f} → {min(during):.1f} req/s at the least")
+
+
+CLAIM_FROM_S, CLAIM_TO_S = 10.0, 30.0   # when a router claims absurd prompt sizes, in the live run's seconds
+CLAIM_EVERY_S = 2.0                     # one claim per 2 s: under 1% of the pool's arrivals at 0.7× capacity
+
+
+def test_a_router_claiming_absurd_prompt_sizes_cannot_shrink_the_budget(settings, worker_factory):
+    """Routers may put the prompt's size on ``received`` (``input_tokens``): the policy budgets the profile's
+    capacity ÷ how much heavier the newest arrivals are than the fast window's (``mix_shift``). A router (a bug,
+    or a hostile ``router`` principal) sends, beside a fleet at 0.7× its SLO capacity whose routers count their
+    prompts, one arrival every 2 s claiming the contract's largest prompt (10,000,000 tokens) for 20 s.
+
+    Unclipped, one such claim among the newest 2 s of arrivals would read as a mix hundreds of times heavier.
+    Each prompt counts at most twice the window's p99, which a claim under 1% of the arrivals cannot move: the
+    policy never reads a turn of the mix in the pictures (``mix_shift``: the threshold and the window's noise),
+    the serving capacity stays the profile's, and no class is shed."""
+    from pipeline.admission.policy import AdmissionConfig, mix_shift
+    from pipeline.sim.scenarios import POOL as SIM_POOL
+
+    fleet, capacity, tuned, worker = steady_fleet(settings, worker_factory, CLAIM_TO_S + 5)
+    clock = {"now": 0.0}
+    seen: list[tuple[float, dict]] = []
+    ratios: list[float] = []        # the newest arrivals' clipped mean prompt ÷ the window's, while the claims go on
+    shifts: list[float] = []        # what the policy makes of each of those pictures (1.0: the mix did not turn)
+    capacities: list[float] = []
+
+    def watch(now, picture):
+        detail = picture.get("axes", {}).get("demand", {}).get("detail", {})
+        if CLAIM_FROM_S + 2 <= now <= CLAIM_TO_S and detail.get("prompt_tokens_window_mean"):
+            ratios.append(detail["prompt_tokens_recent_mean"] / detail["prompt_tokens_window_mean"])
+            shifts.append(mix_shift(picture, AdmissionConfig()))
+        if CLAIM_FROM_S <= now <= CLAIM_TO_S:
+            capacities.append(metric(worker, "sluice_pool_serving_capacity_rps", pool=SIM_POOL))
+
+    async def claimant(producer):
+        topic, n = topics.REQUESTS.name(tuned), 0
+        while clock["now"] < CLAIM_TO_S:
+            if clock["now"] >= CLAIM_FROM_S:
+                n += 1
+                event = {k: v for k, v in request_event(
+                    event_time=now_ms(), task_id=f"claim-{n}", request_id=f"claim-{n}-s0", pool=SIM_POOL,
+                    model=f"model-{SIM_POOL}", phase="received", input_tokens=10_000_000).items()
+                    if k in ("schema_version", "event_id", "event_time", "task_id", "request_id", "attempt",
+                             "tenant", "priority", "pool", "model", "phase", "input_tokens")}
+                await (await producer.send(topic, orjson.dumps(event), key=event["task_id"].encode()))
+            await asyncio.sleep(CLAIM_EVERY_S)   # the claims' pace, not a synchronisation
+
+    steady_beside(worker.settings, fleet, capacity, watch, claimant, clock, seen)
+    during = [(round(t, 1), a) for t, a in seen if CLAIM_FROM_S <= t <= CLAIM_TO_S]
+    assert len(ratios) > 20, f"the pictures carried no prompt sizes: {len(ratios)}"
+    assert set(shifts) == {1.0}, f"the claims read as a heavier mix: {sorted(shifts)[-5:]}"
+    profile = tuned.profiles["sim-pool"]["capacity_rps_per_replica"] * fleet.replicas
+    assert all(c == pytest.approx(profile) for c in capacities if c > 0), f"the budget moved: {set(capacities)}"
+    shed = [(t, a) for t, a in during if min(a[c] for c in ("critical", "standard", "sheddable")) < 1.0]
+    assert not shed, f"the claims shed real work: {shed[:5]}"
+    print(f"\none claim of a 10M-token prompt every {CLAIM_EVERY_S:.0f} s for {CLAIM_TO_S - CLAIM_FROM_S:.0f} s: "
+          f"newest ÷ window prompts at most {max(ratios):.2f}, never a turn of the mix; serving capacity "
+          f"{profile:.1f} req/s throughout; nothing shed")
 
 
 # 8 -----------------------------------------------------------------------------------------------------------
