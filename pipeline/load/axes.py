@@ -24,11 +24,11 @@ QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 # pool's usual rate, and a change of mix seen a second or two after it starts (the replicas' counters show it
 # only once the heavier work is being served, and a standing queue measures it some seconds later)
 RECENT_PROMPTS_S = 2
-# each prompt counts at most twice the fast window's p99: a minority of absurd sizes cannot make the pool look
-# much heavier (k of n newest arrivals raise their mean by at most k/n of that), while a real change of mix,
-# whose new prompts are mostly above the old p99, still reads most of its size
-PROMPT_CLIP_QUANTILE = 0.99
-PROMPT_CLIP_FACTOR = 2.0
+# each prompt counts at most four times the p90 of the fast window's earlier seconds: absurd sizes cannot make
+# the pool look much heavier (k of n arrivals raise their mean by at most k/n of that, and only a tenth of them
+# moves a p90), while a real change of mix, whose new prompts are rarely ten times the old mean, reads whole
+PROMPT_CLIP_QUANTILE = 0.9
+PROMPT_CLIP_FACTOR = 4.0
 PROMPT_FIELDS = ("prompt_tokens_window_mean", "prompt_tokens_window_sd", "prompt_tokens_window_count",
                  "prompt_tokens_recent_mean", "prompt_tokens_recent_count", "prompt_clip_tokens")
 LATENCIES = ("ttft", "tpot", "queue")
@@ -107,7 +107,8 @@ class Readings:
     waiting: Mapping[str, float]              # per fresh or unhealthy replica: its engine queue, outlier capped
     sums: Mapping[str, Mapping[str, float]]       # per replica: counter deltas over the fast window, outlier capped
     cost_sums: Mapping[str, Mapping[str, float]]  # per replica: counter deltas over the cost window
-    recent_prompts: QuantileSketch | None = None  # prompt sizes of the last RECENT_PROMPTS_S seconds' arrivals
+    recent_prompts: QuantileSketch | None = None   # prompt sizes of the last RECENT_PROMPTS_S seconds' arrivals
+    earlier_prompts: QuantileSketch | None = None  # ... and of the fast window's seconds before them
 
 
 def quantiles(requests: RequestAgg) -> dict[str, dict[str, float | None]]:
@@ -137,12 +138,13 @@ def demand_axis(r: Readings) -> Axis:
 
 def arriving_prompts(r: Readings) -> dict[str, float | None]:
     """Prompt sizes of the arrivals that carry one (``input_tokens`` on ``received``): over the fast window and its
-    newest RECENT_PROMPTS_S seconds, each clipped at ``prompt_clip_tokens``; None where no router sends them.
-    Flat numbers, as every detail field a worker before them reads from the load topic is."""
-    window, recent = r.requests.sketches.get("prompt"), r.recent_prompts
-    if window is None or not window.count or recent is None or not recent.count:
+    newest RECENT_PROMPTS_S seconds, each prompt clipped at ``prompt_clip_tokens``, which comes from the window's
+    earlier seconds alone (a burst in the newest cannot raise its own clip); None unless both carry some. Flat
+    numbers, as every detail field a worker before them reads from the load topic is."""
+    window, earlier, recent = r.requests.sketches.get("prompt"), r.earlier_prompts, r.recent_prompts
+    if not (window and window.count and earlier and earlier.count and recent and recent.count):
         return dict.fromkeys(PROMPT_FIELDS)
-    clip = PROMPT_CLIP_FACTOR * (window.quantile(PROMPT_CLIP_QUANTILE) or 0.0)
+    clip = PROMPT_CLIP_FACTOR * (earlier.quantile(PROMPT_CLIP_QUANTILE) or 0.0)
     count, mean, sd = window.clipped_moments(clip)
     recent_count, recent_mean, _ = recent.clipped_moments(clip)
     return dict(zip(PROMPT_FIELDS, (round(mean, 3), round(sd, 3), count, round(recent_mean, 3), recent_count,

@@ -193,10 +193,10 @@ class PoolState:
                 total.merge(agg) if sketches else total.merge_counts(agg, tenants=False)
         return total
 
-    def _sketch_in(self, name: str, seconds: int) -> QuantileSketch:
-        """One of the request sketches over the last ``seconds``."""
+    def _sketch_in(self, name: str, seconds: int, newest_left_out: int = 0) -> QuantileSketch:
+        """One of the request sketches over the last ``seconds``, less the newest ``newest_left_out`` of them."""
         total = QuantileSketch()
-        for second in self._window(seconds):
+        for second in self._window(seconds)[:seconds - newest_left_out]:
             agg = self.requests.get(second)
             if agg is not None and name in agg.sketches:
                 total.merge(agg.sketches[name])
@@ -255,7 +255,8 @@ class PoolState:
             requests=requests, cost_requests=self._requests_in(slow, sketches=False),
             replicas=replace(replicas, outliers=tuple(sorted(outliers))), samples=samples, waiting=waiting,
             sums=sums, cost_sums={r: self._replica_sums(a, slow, ("gpu_seconds",)) for r, a in self.replicas.items()},
-            recent_prompts=self._sketch_in("prompt", RECENT_PROMPTS_S))
+            recent_prompts=self._sketch_in("prompt", RECENT_PROMPTS_S),
+            earlier_prompts=self._sketch_in("prompt", fast, RECENT_PROMPTS_S))
 
     def picture(self, config: PictureConfig) -> "LoadPicture":
         """The pool's picture now: every axis in ``AXIS_FUNCTIONS``, with the rates and latencies beside them."""

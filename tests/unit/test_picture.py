@@ -529,20 +529,33 @@ def _prompt_state(prompts_by_second):
 
 
 def test_the_picture_compares_the_newest_arrivals_prompts_with_the_windows():
-    prompts = _prompt_state({s: [1000] * 20 if s < 108 else [4000] * 20 for s in range(100, 110)})
+    prompts = _prompt_state({s: [500, 1000, 3000, 1500] * 5 if s < 108 else [4000] * 20 for s in range(100, 110)})
     assert prompts["tokens_window_count"] == 200 and prompts["tokens_recent_count"] == 40
+    assert prompts["tokens_window_mean"] == pytest.approx((160 * 1500 + 40 * 4000) / 200, rel=0.02)
     assert prompts["tokens_recent_mean"] == pytest.approx(4000, rel=0.02)
-    assert prompts["tokens_window_mean"] == pytest.approx(1600, rel=0.02)
-    assert prompts["clip_tokens"] == pytest.approx(8000, rel=0.02)   # twice the window's p99
+    assert prompts["clip_tokens"] == pytest.approx(12000, rel=0.02)   # four times the earlier seconds' p90
+    # a narrow mix turning four times heavier still reads as four times
+    narrow = _prompt_state({s: [1000] * 20 if s < 108 else [4000] * 20 for s in range(100, 110)})
+    assert narrow["tokens_recent_mean"] == pytest.approx(4000, rel=0.02)
 
 
-def test_a_few_absurd_prompts_cannot_make_the_arrivals_look_heavier():
-    steady = {s: [1000 + 10 * (i % 7) for i in range(20)] for s in range(100, 110)}
-    steady[109] = steady[109][:-2] + [10_000_000, 10_000_000]   # two at the contract's maximum
+LEGIT = [1000 + 10 * (i % 7) for i in range(20)]   # a second's arrivals, about 1030 tokens each
+
+
+def test_a_burst_of_absurd_prompts_cannot_raise_its_own_clip():
+    steady = {s: list(LEGIT) for s in range(100, 110)}
+    steady[109] = steady[109][:-10] + [10_000_000] * 10   # a quarter of the newest 2 s
     prompts = _prompt_state(steady)
-    # each counts at most twice the window's p99 (the two are 1% of it): the newest 2 s look 5% heavier
-    assert prompts["clip_tokens"] < 3 * 1060
-    assert prompts["tokens_recent_mean"] < 1.06 * prompts["tokens_window_mean"] + 100
+    assert prompts["clip_tokens"] < 4 * 1070
+    # each claim counts as the clip: k of the newest n raise their mean by at most k/n of it
+    assert prompts["tokens_recent_mean"] <= (30 * 1060 + 10 * prompts["clip_tokens"]) / 40 + 1
+
+
+def test_one_claim_in_twenty_moves_neither_the_clip_nor_the_window_by_more_than_a_fifth():
+    claiming = {s: LEGIT[:-1] + [10_000_000] for s in range(100, 110)}   # one in twenty, every second
+    prompts = _prompt_state(claiming)
+    assert prompts["clip_tokens"] < 4 * 1070
+    assert prompts["tokens_window_mean"] < 1.2 * 1030   # the window reads at most 20% heavier
 
 
 def test_arrivals_without_prompt_sizes_leave_the_comparison_out():
