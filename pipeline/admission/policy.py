@@ -95,8 +95,9 @@ class AdmissionConfig:
     capacity_recovery: float = 0.01  # ... so its completions/s are its capacity, which relaxes back by this share
     # of the profile's capacity per tick while the leading axes show headroom (serving_capacity)
     mix_shift_threshold: float = 1.25  # arrivals this much heavier than the fast window's (prompt + output
-    mix_shift_sigmas: float = 3.0      # tokens a request), and by this many standard errors, budget the
-    # profile's capacity ÷ that ratio until a standing queue measures the new mix (mix_shift)
+    mix_shift_sigmas: float = 3.0      # tokens a request), and by this many standard errors of its mean,
+    # budget the profile's capacity ÷ that ratio; held once the leading axes confirm it, until the requests are
+    # light again (mix_shift, decide)
     defer_min_s: float = 10.0     # shortest retry-after a deferral carries
     critical_floor: float = 0.25  # critical never admits less than this
     continuing_credit: float = 0.5
@@ -233,6 +234,7 @@ class Decision:
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
     warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
     mix_reference: float = 0.0  # tokens a request when arrivals turned heavier (0: no turn under way; mix_shift)
+    mix_confirmed: bool = False  # the leading axes confirmed this turn: its figure is kept as a measured one
     signal: dict = field(default_factory=dict, compare=False)
 
 
@@ -349,9 +351,10 @@ def mix_shift(picture: Mapping[str, Any], cfg: AdmissionConfig, detail: bool = F
     on ``received``) show it at once. A request's work is its prompt plus the
     window's mean output per finished attempt (unknown on arrival). Judged
     against the window's noise (``mix_shift_sigmas`` standard errors), each
-    prompt clipped at twice the window's p99 by the picture: a few absurd
-    sizes move nothing. With ``detail``, also the window's tokens a request:
-    ``decide`` keeps it as the turn's reference (``window_shift``).
+    prompt clipped by the picture at four times the p90 of the window's
+    earlier seconds, which a burst cannot raise. With ``detail``, also the window's
+    tokens a request: ``decide`` keeps it as the turn's reference
+    (``window_shift``).
     """
     read = _prompts(picture)
     if read is None:
@@ -465,7 +468,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
 
     held_since = 0
-    capacity, measured, reference = previous.capacity_rps, previous.capacity_measured, previous.mix_reference
+    capacity, measured = previous.capacity_rps, previous.capacity_measured
+    reference, confirmed = previous.mix_reference, previous.mix_confirmed
     if stale:
         stale_since = previous.stale_since_ms if previous.stale_since_ms is not None else now_ms
         level = previous.shed_level
@@ -492,20 +496,22 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         # heavier arrivals budget the profile's figure ÷ the shift at once; it is kept (held, then let go as a
         # measured figure is) only once the leading axes confirm the fleet is busy: an unconfirmed shift costs
         # the ticks it lasts, never the minute a held figure takes to relax
-        # since a turn, the window's whole mix is also judged against the mix before it: once the window has
-        # taken in the heavier requests the figure must not relax back while they go on
+        # through a turn the window is also judged against the mix before it, so that once the window has taken
+        # in the heavier requests the figure does not relax back while they go on
         limit, (instant, work) = float(picture["axes"]["demand"]["limit"]), mix_shift(picture, cfg, detail=True)
-        reference = previous.mix_reference or (work if instant > 1.0 else 0.0)
+        reference = reference or (work if instant > 1.0 else 0.0)
         shift = max(instant, window_shift(picture, reference, cfg)) if reference else instant
         budget = min(capacity, limit / shift)
         if budget < capacity:
             reasons.append({"axis": "demand", "value": round(shift, 6), "threshold": cfg.mix_shift_threshold,
                             "note": f"arrivals {shift:.2f}× heavier than before: {budget:.1f} req/s budgeted"})
-            if leading >= cfg.recover_pressure or (previous.mix_reference and previous.capacity_measured):
-                capacity = budget   # confirmed by the fleet, now or earlier in this turn
+            confirmed = confirmed or leading >= cfg.recover_pressure
+            if confirmed:
+                capacity = budget
         measured = capacity < limit
-        if instant == 1.0 and not measured:
-            reference = 0.0   # the turn is over, or the fleet never confirmed it: the next one starts afresh
+        if shift == 1.0 or (instant == 1.0 and not confirmed):
+            # the mix is light again, or the fleet never confirmed the turn: the next one starts afresh
+            reference, confirmed = 0.0, False
         forward = feed_forward_level(picture, cfg, budget) if cfg.feed_forward else 0.0
         now_term = cfg.proportional * max(0.0, leading - cfg.target_pressure)
         # a latency still over its limit while the leading axes are under recover_pressure and nothing
@@ -614,6 +620,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
                     capacity_rps=round(capacity, 6), capacity_measured=measured, mix_reference=round(reference, 3),
+                    mix_confirmed=confirmed,
                     tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), warm_relief=relief,
                     signal=signal)
 

@@ -514,6 +514,21 @@ def test_after_a_confirmed_turn_the_window_is_judged_against_the_mix_before_it()
     assert d.capacity_rps == 40.0 and d.mix_reference == 0.0
 
 
+def test_a_capacity_still_recovering_from_a_queue_does_not_confirm_a_turn():
+    """A standing queue measured 10 req/s; the figure is relaxing back with the fleet idle when the newest
+    arrivals look heavier: the budget is cut while they do, but the figure is not held at the cut."""
+    d = decide(heavy(TICK, queue=1.5, drain=10.0, kv_cache=0.8), Decision("p"), CFG, TICK)
+    for i in range(2, 40):
+        d = decide(heavy(i * TICK, queue=0.1, kv_cache=0.3), d, CFG, i * TICK)
+    relaxing = d.capacity_rps
+    assert d.capacity_measured and 10.0 < relaxing < 40.0
+    for i in range(40, 44):
+        d = decide(arriving(heavy(i * TICK, queue=0.1, kv_cache=0.3), recent=4000.0), d, CFG, i * TICK)
+        assert not d.mix_confirmed and d.capacity_rps > relaxing   # still relaxing, not held at 40 ÷ 3.5
+    d = decide(arriving(heavy(44 * TICK, queue=0.1, kv_cache=0.3), recent=1000.0), d, CFG, 44 * TICK)
+    assert d.mix_reference == 0.0
+
+
 def test_a_shift_the_fleet_does_not_confirm_costs_only_the_ticks_it_lasts():
     """Claims of heavier prompts beside a fleet with headroom (a router's bug, or a burst of absurd sizes that
     got past the clip): the budget is cut while they last, capped at MAX_MIX_SHIFT, and whole the tick after."""
