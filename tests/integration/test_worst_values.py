@@ -738,19 +738,21 @@ def test_a_replica_reporting_an_absurd_queue_or_counters_cannot_shed_its_pool(se
 
 
 CLAIM_FROM_S, CLAIM_TO_S = 10.0, 30.0   # when a router claims absurd prompt sizes, in the live run's seconds
-CLAIM_EVERY_S = 2.0                     # one claim per 2 s: under 1% of the pool's arrivals at 0.7× capacity
+CLAIM_EVERY_S, CLAIM_BURST = 3.0, 2     # two claims at once every 3 s: about 1.2% of the pool's arrivals at
+# 0.7× capacity, and up to 2% of the newest 2 s
 
 
 def test_a_router_claiming_absurd_prompt_sizes_cannot_shrink_the_budget(settings, worker_factory):
     """Routers may put the prompt's size on ``received`` (``input_tokens``): the policy budgets the profile's
-    capacity ÷ how much heavier the newest arrivals are than the fast window's (``mix_shift``). A router (a bug,
-    or a hostile ``router`` principal) sends, beside a fleet at 0.7× its SLO capacity whose routers count their
-    prompts, one arrival every 2 s claiming the contract's largest prompt (10,000,000 tokens) for 20 s.
+    capacity ÷ how much heavier the newest arrivals are than the fast window's (``mix_shift``).
+    A router (a bug, or a hostile ``router`` principal) sends, beside a fleet at 0.7× its SLO capacity whose
+    routers count their prompts, two arrivals at once every 3 s claiming the contract's largest prompt
+    (10,000,000 tokens), for 20 s.
 
-    Unclipped, one such claim among the newest 2 s of arrivals would read as a mix hundreds of times heavier.
-    Each prompt counts at most twice the window's p99, which a claim under 1% of the arrivals cannot move: the
-    policy never reads a turn of the mix in the pictures (``mix_shift``: the threshold and the window's noise),
-    the serving capacity stays the profile's, and no class is shed."""
+    Unclipped, two such claims among the newest 2 s of arrivals would read as a mix hundreds of times heavier
+    (the policy's cap, 4×). Each prompt counts at most four times the p90 of the window's earlier seconds, which
+    a burst cannot raise and claims under a tenth of the arrivals cannot move: the policy never reads a turn of
+    the mix in the pictures, the serving capacity stays the profile's, and no class is shed."""
     from pipeline.admission.policy import AdmissionConfig, mix_shift
     from pipeline.sim.scenarios import POOL as SIM_POOL
 
@@ -772,7 +774,7 @@ def test_a_router_claiming_absurd_prompt_sizes_cannot_shrink_the_budget(settings
     async def claimant(producer):
         topic, n = topics.REQUESTS.name(tuned), 0
         while clock["now"] < CLAIM_TO_S:
-            if clock["now"] >= CLAIM_FROM_S:
+            for _ in range(CLAIM_BURST if clock["now"] >= CLAIM_FROM_S else 0):
                 n += 1
                 event = {k: v for k, v in request_event(
                     event_time=now_ms(), task_id=f"claim-{n}", request_id=f"claim-{n}-s0", pool=SIM_POOL,
@@ -790,7 +792,8 @@ def test_a_router_claiming_absurd_prompt_sizes_cannot_shrink_the_budget(settings
     assert all(c == pytest.approx(profile) for c in capacities if c > 0), f"the budget moved: {set(capacities)}"
     shed = [(t, a) for t, a in during if min(a[c] for c in ("critical", "standard", "sheddable")) < 1.0]
     assert not shed, f"the claims shed real work: {shed[:5]}"
-    print(f"\none claim of a 10M-token prompt every {CLAIM_EVERY_S:.0f} s for {CLAIM_TO_S - CLAIM_FROM_S:.0f} s: "
+    print(f"\n{CLAIM_BURST} claims of a 10M-token prompt every {CLAIM_EVERY_S:.0f} s "
+          f"for {CLAIM_TO_S - CLAIM_FROM_S:.0f} s: "
           f"newest ÷ window prompts at most {max(ratios):.2f}, never a turn of the mix; serving capacity "
           f"{profile:.1f} req/s throughout; nothing shed")
 
