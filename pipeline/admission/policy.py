@@ -339,7 +339,7 @@ MIN_RECENT_PROMPTS = 10   # fewer newest arrivals than this with a prompt size s
 MAX_MIX_SHIFT = 4.0       # a larger turn is left to the queue's measurement: what a burst of claims can cost
 
 
-def mix_shift(picture: Mapping[str, Any], cfg: AdmissionConfig, detail: bool = False) -> Any:
+def mix_shift(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
     """How many times heavier the newest arrivals are than the fast window's (1.0 when not clearly so).
 
     The profile's requests/s holds for the request mix it was measured on; when
@@ -352,23 +352,22 @@ def mix_shift(picture: Mapping[str, Any], cfg: AdmissionConfig, detail: bool = F
     window's mean output per finished attempt (unknown on arrival). Judged
     against the window's noise (``mix_shift_sigmas`` standard errors), each
     prompt clipped by the picture at four times the p90 of the window's
-    earlier seconds, which a burst cannot raise. With ``detail``, also the window's
-    tokens a request: ``decide`` keeps it as the turn's reference
-    (``window_shift``).
+    earlier seconds, which a burst cannot raise.
     """
-    read = _prompts(picture)
+    return _instant_shift(_prompts(picture), cfg)
+
+
+def _instant_shift(read: tuple[float, ...] | None, cfg: AdmissionConfig) -> float:
     if read is None:
-        return (1.0, 0.0) if detail else 1.0
+        return 1.0
     n, recent, mean, sd, out = read
-    ratio = 1.0
-    if n >= MIN_RECENT_PROMPTS and recent > mean + cfg.mix_shift_sigmas * sd / math.sqrt(n):
-        ratio = _shift((recent + out) / (mean + out), cfg)
-    return (ratio, mean + out) if detail else ratio
+    if n < MIN_RECENT_PROMPTS or recent <= mean + cfg.mix_shift_sigmas * sd / math.sqrt(n):
+        return 1.0
+    return _shift((recent + out) / (mean + out), cfg)
 
 
-def window_shift(picture: Mapping[str, Any], reference: float, cfg: AdmissionConfig) -> float:
-    """The fast window's tokens a request against ``reference`` (1.0 when not clearly heavier)."""
-    read = _prompts(picture)
+def _window_shift(read: tuple[float, ...] | None, reference: float, cfg: AdmissionConfig) -> float:
+    """The fast window's tokens a request against ``reference``, the window's when the turn began."""
     return _shift((read[2] + read[4]) / reference, cfg) if read is not None and reference > 0 else 1.0
 
 
@@ -494,13 +493,14 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         capacity = serving_capacity(picture, previous.capacity_rps if previous.capacity_measured else 0.0,
                                     leading, cfg)
         # heavier arrivals budget the profile's figure ÷ the shift at once; it is kept (held, then let go as a
-        # measured figure is) only once the leading axes confirm the fleet is busy: an unconfirmed shift costs
-        # the ticks it lasts, never the minute a held figure takes to relax
-        # through a turn the window is also judged against the mix before it, so that once the window has taken
-        # in the heavier requests the figure does not relax back while they go on
-        limit, (instant, work) = float(picture["axes"]["demand"]["limit"]), mix_shift(picture, cfg, detail=True)
-        reference = reference or (work if instant > 1.0 else 0.0)
-        shift = max(instant, window_shift(picture, reference, cfg)) if reference else instant
+        # measured figure is) only once the leading axes confirm the fleet is busy, so an unconfirmed shift
+        # costs the ticks it lasts, never the minute a held figure takes to relax. Through a turn the window is
+        # also judged against the mix before it: once the window has taken in the heavier requests, the
+        # figure does not relax back while they go on
+        limit, read = float(picture["axes"]["demand"]["limit"]), _prompts(picture)
+        instant = _instant_shift(read, cfg)
+        reference = reference or (read[2] + read[4] if instant > 1.0 else 0.0)
+        shift = max(instant, _window_shift(read, reference, cfg)) if reference else instant
         budget = min(capacity, limit / shift)
         if budget < capacity:
             reasons.append({"axis": "demand", "value": round(shift, 6), "threshold": cfg.mix_shift_threshold,
