@@ -48,6 +48,9 @@ class ClientPolicy:
     # times, besides its attempts for failures (what well-behaved SDKs do with a 429)
     shed_retries: int | None = None
     retry_after_jitter: float = 0.0
+    # with ``shed_retries`` None: retry shed work on the client's own backoff whatever the retry-after says
+    # (many HTTP clients never read it)
+    ignore_retry_after: bool = False
     slo_ttft_s: tuple[tuple[str, float], ...] = (("critical", 2.0), ("standard", 2.0), ("sheddable", 2.0),
                                                   ("deferrable", 120.0))
 
@@ -310,7 +313,8 @@ class FleetSim:
             client = self.client
             if client.shed_retries is None:
                 final = task.attempt >= client.max_attempts
-                delay = max(retry_after, self._backoff(task.attempt))
+                backoff = self._backoff(task.attempt)
+                delay = backoff if client.ignore_retry_after else max(retry_after, backoff)
             else:
                 final = task.shed > client.shed_retries or task.attempt >= 100
                 delay = retry_after * (1 + client.retry_after_jitter * self.rng.uniform(-1, 1))

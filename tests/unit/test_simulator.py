@@ -2,6 +2,7 @@
 
 import pytest
 
+from pipeline.router import Reject
 from pipeline.sim.arrivals import Arrival, RateSchedule, gamma_arrivals, trace_arrivals
 from pipeline.sim.controllers import FixedThreshold, NoControl
 from pipeline.sim.fleet import ClientPolicy, FleetEvent, FleetSim
@@ -103,6 +104,33 @@ def test_clients_time_out_and_retry_with_backoff_up_to_max_attempts():
     assert cancelled and all(e["error_type"] == "timeout" for e in cancelled)
     assert max(e["attempt"] for e in events) == 2
     assert all(e["task_final"] == (e["attempt"] == 2) for e in cancelled)
+
+
+class ShedEverything(NoControl):
+    """Rejects every attempt with a 30 s retry-after."""
+
+    def verdict(self, request, now_s):
+        return Reject(30.0, "shed")
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_shed_work_returns_after_its_retry_after_unless_the_client_ignores_it(ignore):
+    client = ClientPolicy(max_attempts=4, backoff_base_s=0.5, backoff_cap_s=2.0, ignore_retry_after=ignore)
+    events = []
+    sim = fleet(ShedEverything(), rate=2.0, seconds=20.0, client=client,
+                emit=lambda kind, e: events.append(e) if kind == "request" else None)
+    sim.run()
+    rejected = [e for e in events if e["phase"] == "rejected"]
+    assert max(e["attempt"] for e in rejected) == 4, "every attempt of a step is spent on shed retries"
+    sent = {}
+    for e in rejected:
+        sent.setdefault(e["request_id"], []).append(e["event_time"] / 1000)
+    gaps = [later - earlier for times in sent.values() for earlier, later in zip(times, times[1:])]
+    assert gaps
+    if ignore:
+        assert max(gaps) <= 2.0 * 1.5, "the client's own capped backoff, not the 30 s it was told"
+    else:
+        assert min(gaps) >= 30.0, "a client that reads retry-after never comes back sooner"
 
 
 def test_emitted_events_follow_the_contract():
