@@ -41,6 +41,9 @@ AGGRESSIVE_CLIENT = ClientPolicy(ttft_timeout_s=4.0, max_attempts=6, backoff_bas
 # comes back exactly when told, so a controller that tells everyone the same time gets it back in waves
 POLITE_CLIENT = ClientPolicy(shed_retries=5)
 POLITE_JITTER_CLIENT = ClientPolicy(shed_retries=5, retry_after_jitter=0.5)
+# HTTP clients that never read a 429's Retry-After: shed work comes back on their own short backoff
+# (0.5 s doubling, capped at 4 s), up to ten attempts — the opposite of the polite clients above
+IMPATIENT_CLIENT = ClientPolicy(max_attempts=10, backoff_base_s=0.5, backoff_cap_s=4.0, ignore_retry_after=True)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Fleet:
     arrivals: str = "trace"        # or "gamma"
     burstiness: float = 1.0
     seed: int = 1
+    client: ClientPolicy | None = None   # every scenario's clients replaced by these (None: each scenario's own)
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,8 @@ _CAPACITIES: dict[tuple, Capacity] = {}
 def _search_key(fleet: Fleet, replicas: int, client: ClientPolicy, traffic: Traffic) -> tuple:
     """The search reads the fleet's hardware, arrivals and seed only: fleets that differ in duration or size
     share one search."""
-    return replace(fleet, replicas=Fleet.replicas, duration_s=Fleet.duration_s, drain_s=Fleet.drain_s), \
-        replicas, client, traffic
+    return replace(fleet, replicas=Fleet.replicas, duration_s=Fleet.duration_s, drain_s=Fleet.drain_s,
+                   client=None), replicas, client, traffic
 
 
 def slo_capacity(fleet: Fleet, replicas: int, client: ClientPolicy = ClientPolicy(),
@@ -259,7 +263,7 @@ def build_sim(scenario: Scenario, controller, fleet: Fleet, capacity: Capacity, 
         siblings = (Sibling(SIBLING, scenario.sibling_replicas, _arrivals(
             fleet, RateSchedule(((0.0, rate),)), fleet.duration_s, scenario.traffic)),)
     return FleetSim(POOL, fleet.replicas, fleet.hardware, scenario_arrivals(scenario, fleet, capacity), controller,
-                    scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
+                    fleet.client or scenario.client, seed=fleet.seed, start_ms=start_ms, duration_s=fleet.duration_s,
                     drain_s=fleet.drain_s, fleet_events=events, long_context_from_s=scenario.long_context_from_s,
                     emit=emit, siblings=siblings)
 
