@@ -231,6 +231,7 @@ class Decision:
     capacity_rps: float = 0.0  # requests/s the feed-forward budgeted (0: the profile's figure)
     capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
+    tenant_held: tuple[tuple[str, int], ...] = ()  # ... and when the deadband started holding one (listed ones only)
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
     warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
     mix_reference: float = 0.0  # tokens a request when arrivals turned heavier (0: no turn under way; mix_shift)
@@ -408,27 +409,36 @@ def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacit
 
 
 def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], level: float,
-                  cfg: AdmissionConfig, hold_above: bool = True) -> dict[str, float]:
+                  cfg: AdmissionConfig, now_ms: int, held: Mapping[str, int] | None = None,
+                  hold_above: bool = True) -> tuple[dict[str, float], dict[str, int]]:
     """Each listed tenant's shed level this tick: toward what its fair share needs (``wanted``), in the pool
     level's bounded steps and deadband (a share that moves with every picture's noise would saw the
-    tenant's fractions), at most MAX_LISTED.
+    tenant's fractions), at most MAX_LISTED; and since when each deadband hold has lasted (``held``).
+
+    As for the pool's level, the deadband holds a move for at most ``dwell_s``, after which a move that
+    persisted is real: a level held just short of what the share needs makes the rest pay for the gap
+    for as long as it lasts (noisy-neighbour with clients that ignore Retry-After, seed 2: the bursting
+    tenant held at 2.86 while its share needed 2.92-2.95 for 70 s, the others' sheddable work shed whole).
 
     Without ``hold_above`` the deadband holds a level only below what its share needs, not above it: for
-    when the rest already admit all they offer. The deadband is symmetric for the pool's level, but not
-    for a tenant's: held too low, the rest get a higher level and the budget is still used; held too high
-    while nobody else can take in what it sheds, the pool runs under the budget its level set (noisy-
-    neighbour seed 5: 61.3 of a 62.3 attempts/s budget while the deadband held)."""
-    out = {}
+    when the rest already admit all they offer. Held too high while nobody else can take in what it
+    sheds, the pool runs under the budget its level set (noisy-neighbour seed 5: 61.3 of a 62.3
+    attempts/s budget while the deadband held)."""
+    out, holding = {}, {}
     for tenant in set(wanted) | set(previous):
         # a tenant's level is never below the pool's: it moves from there, not from zero
         before, target = max(previous.get(tenant, 0.0), level), wanted.get(tenant, 0.0)
         if (before and abs(target - before) <= cfg.reversal_deadband and target > 0
                 and (hold_above or target > before)):
-            target = before
+            since = (held or {}).get(tenant, now_ms)
+            if now_ms - since < cfg.dwell_s * 1000:
+                target = before
+                holding[tenant] = since
         moved = min(max(target, before - cfg.level_step_down), before + cfg.level_step_up)
         if moved > level:   # at or below the pool's level, a tenant needs no level of its own
             out[tenant] = round(moved, 6)
-    return dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
+    kept = dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
+    return kept, {tenant: since for tenant, since in holding.items() if tenant in kept}
 
 
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
@@ -476,8 +486,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
             level = max(0.0, level - cfg.step_down)
         trim = level
         # held with the level (fail-static), then let go in the same steps (fail-open)
-        tenants = (dict(previous.tenant_levels) if now_ms - stale_since <= cfg.stale_hold_s * 1000
-                   else tenant_levels({}, dict(previous.tenant_levels), level, cfg))
+        tenants, tenant_held = ((dict(previous.tenant_levels), dict(previous.tenant_held))
+                         if now_ms - stale_since <= cfg.stale_hold_s * 1000
+                         else tenant_levels({}, dict(previous.tenant_levels), level, cfg, now_ms))
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
@@ -544,11 +555,13 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         wanted = wanted_levels(by_tenant, offered, level, dict(cfg.tenant_weights), cfg.default_tenant_weight,
                                cfg.fair_share_tolerance, cfg.fair_share_sigmas, _fast_window_s(picture),
                                listed=dict(previous.tenant_levels)) if cfg.tenant_fairness else {}
-        tenants = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg)
+        tenants, tenant_held = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg, now_ms,
+                                              dict(previous.tenant_held))
     rest = level_for_the_rest(by_tenant, offered, level, tenants, _top_level(cfg))
     if not stale and tenants and rest <= shared_level(level):
         # the rest admit all they offer, so what a listed level held above its share sheds goes to nobody
-        tenants = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg, hold_above=False)
+        tenants, tenant_held = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg, now_ms,
+                                              dict(previous.tenant_held), hold_above=False)
         rest = level_for_the_rest(by_tenant, offered, level, tenants, _top_level(cfg))
     # in the pool level's bounded steps too: a tenant listed or dropped must not swing everyone else's
     # fractions from one tick to the next
@@ -621,7 +634,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
                     capacity_rps=round(capacity, 6), capacity_measured=measured, mix_reference=round(reference, 3),
                     mix_confirmed=confirmed,
-                    tenant_levels=tuple(tenants.items()), rest_level=round(rest, 6), warm_relief=relief,
+                    tenant_levels=tuple(tenants.items()), tenant_held=tuple(sorted(tenant_held.items())),
+                    rest_level=round(rest, 6), warm_relief=relief,
                     signal=signal)
 
 

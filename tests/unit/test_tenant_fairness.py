@@ -1,5 +1,7 @@
 """Fair shares between tenants: the shares, the policy's tenant levels, the signal's list and the router."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -230,3 +232,17 @@ def test_while_the_rest_can_take_in_more_a_tenant_level_is_held_by_the_deadband(
     before = dict(fair.tenant_levels)["noisy"]
     fair = steady({**rates, "noisy": 29.0}, start=fair, ticks=4)
     assert dict(fair.tenant_levels)["noisy"] == before
+
+def test_a_tenant_level_held_short_of_its_share_moves_there_after_the_dwell():
+    """The deadband holds a tenant's level for at most ``dwell_s``, as it does the pool's: a level held just
+    short of what the share needs makes the rest pay for the gap for as long as it lasts (noisy-neighbour
+    with clients that ignore Retry-After, seed 2: 70 s, the others' sheddable work shed whole)."""
+    rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
+    fair = replace(steady(rates), tenant_held=())
+    before = dict(fair.tenant_levels)["noisy"]
+    louder = {**rates, "noisy": 32.0}
+    held = steady(louder, start=fair, ticks=1)
+    assert dict(held.tenant_levels)["noisy"] == before, "a move within the deadband is held at first"
+    later = steady(louder, start=held, ticks=int(CFG.dwell_s * 1000 / TICK))
+    assert dict(later.tenant_levels)["noisy"] > before
+    assert later.rest_level < held.rest_level, "what the tenant sheds beyond its old level goes to the rest"
