@@ -31,7 +31,7 @@ UNTUNED = Fleet(arrivals="gamma", burstiness=0.5)
 UNTUNED_SCENARIOS = ("spike", "replica-loss", "retry-after")
 # clients that ignore Retry-After, and the scenarios whose goals hold with them on every seed 1-5
 IMPATIENT = Fleet(client=IMPATIENT_CLIENT)
-IMPATIENT_SCENARIOS = ("spike", "prompt-heavy-spike")
+IMPATIENT_SCENARIOS = ("spike", "prompt-heavy-spike", "noisy-neighbour")
 
 
 def compute_rows() -> dict[str, list[dict]]:
@@ -69,14 +69,17 @@ def untuned_goals(computed):
 FAIRNESS_COST = {"noisy-neighbour": 0.98}
 
 
+def assert_every_goal_met(line: dict) -> None:
+    missed = [f for f in line["failed"].split("; ") if f]
+    if line["scenario"] in FAIRNESS_COST:
+        missed = [f for f in missed if "without fairness" not in f]
+        assert line["vs_unfair"] >= FAIRNESS_COST[line["scenario"]], line
+    assert missed == [], line
+
+
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in SHORT_OF])
 def test_sluice_meets_every_goal(goals, scenario):
-    line = goals[scenario]
-    missed = [f for f in line["failed"].split("; ") if f]
-    if scenario in FAIRNESS_COST:
-        missed = [f for f in missed if "without fairness" not in f]
-        assert line["vs_unfair"] >= FAIRNESS_COST[scenario], line
-    assert missed == [], line
+    assert_every_goal_met(goals[scenario])
 
 
 def test_a_bursting_tenant_pays_for_its_burst_and_the_others_keep_their_attainment(goals):
@@ -105,10 +108,11 @@ def test_goals_hold_on_arrivals_it_was_not_tuned_on(untuned_goals, scenario):
 @pytest.mark.parametrize("scenario", IMPATIENT_SCENARIOS)
 def test_goals_hold_with_clients_that_ignore_retry_after(computed, scenario):
     """Shed work back on the clients' own 0.5-4 s backoff, up to ten attempts, whatever the retry-after says:
-    the spike and the prompt-heavy spike meet every goal as with the scenarios' own clients (seeds 1-5:
-    2.27-2.89x no control, critical 0.991-1.000; docs/simulator.md, "Clients that ignore Retry-After")."""
-    line = {line["scenario"]: line for line in check(computed["impatient"])}[scenario]
-    assert line["failed"] == "", line
+    the spike, the prompt-heavy spike and the noisy neighbour meet every goal as with the scenarios' own
+    clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants within 0.0015 of
+    their run without the burst, the bursting tenant 0.918-0.970 of the refusals since a tenant's level is
+    held for at most the dwell; docs/simulator.md, "Clients that ignore Retry-After")."""
+    assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario])
 
 
 @pytest.mark.parametrize("scenario", tuple(SHORT_OF))
