@@ -231,7 +231,7 @@ class Decision:
     capacity_rps: float = 0.0  # requests/s the feed-forward budgeted (0: the profile's figure)
     capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
-    tenant_held: tuple[tuple[str, int], ...] = ()  # ... and when the deadband started holding one (listed ones only)
+    tenant_held: tuple[tuple[str, tuple[int, int]], ...] = ()  # the deadband's holds of tenant levels: since, side
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
     warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
     mix_reference: float = 0.0  # tokens a request when arrivals turned heavier (0: no turn under way; mix_shift)
@@ -409,16 +409,19 @@ def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacit
 
 
 def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], level: float,
-                  cfg: AdmissionConfig, now_ms: int, held: Mapping[str, int] | None = None,
-                  hold_above: bool = True) -> tuple[dict[str, float], dict[str, int]]:
+                  cfg: AdmissionConfig, now_ms: int, held: Mapping[str, tuple[int, int]] | None = None,
+                  hold_above: bool = True) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
     """Each listed tenant's shed level this tick: toward what its fair share needs (``wanted``), in the pool
     level's bounded steps and deadband (a share that moves with every picture's noise would saw the
-    tenant's fractions), at most MAX_LISTED; and since when each deadband hold has lasted (``held``).
+    tenant's fractions), at most MAX_LISTED; and the deadband's holds (``held``: tenant → since when, and
+    on which side of the level its target has stayed).
 
-    As for the pool's level, the deadband holds a move for at most ``dwell_s``, after which a move that
-    persisted is real: a level held just short of what the share needs makes the rest pay for the gap
-    for as long as it lasts (noisy-neighbour with clients that ignore Retry-After, seed 2: the bursting
-    tenant held at 2.86 while its share needed 2.92-2.95 for 70 s, the others' sheddable work shed whole).
+    As for the pool's level, the deadband holds a move for at most ``dwell_s``: a target that stays on one
+    side of the level that long is real, not noise, and a level held just short of what the share needs
+    makes the rest pay for the gap for as long as it lasts (noisy-neighbour with clients that ignore
+    Retry-After, seed 2: the bursting tenant held at 2.86 while its share needed 2.92-2.95 for 70 s, the
+    others' sheddable work shed whole). A target that crosses the level, or meets it, starts the clock
+    again; so does a tenant held at the pool's level before it is listed (kept while it is wanted).
 
     Without ``hold_above`` the deadband holds a level only below what its share needs, not above it: for
     when the rest already admit all they offer. Held too high while nobody else can take in what it
@@ -428,17 +431,19 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
     for tenant in set(wanted) | set(previous):
         # a tenant's level is never below the pool's: it moves from there, not from zero
         before, target = max(previous.get(tenant, 0.0), level), wanted.get(tenant, 0.0)
-        if (before and abs(target - before) <= cfg.reversal_deadband and target > 0
-                and (hold_above or target > before)):
-            since = (held or {}).get(tenant, now_ms)
+        gap = target - before
+        if before and gap and abs(gap) <= cfg.reversal_deadband and target > 0 and (hold_above or gap > 0):
+            side = 1 if gap > 0 else -1
+            since, was = (held or {}).get(tenant, (now_ms, side))
+            since = since if was == side else now_ms
             if now_ms - since < cfg.dwell_s * 1000:
                 target = before
-                holding[tenant] = since
+                holding[tenant] = (since, side)
         moved = min(max(target, before - cfg.level_step_down), before + cfg.level_step_up)
         if moved > level:   # at or below the pool's level, a tenant needs no level of its own
             out[tenant] = round(moved, 6)
     kept = dict(sorted(out.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED])
-    return kept, {tenant: since for tenant, since in holding.items() if tenant in kept}
+    return kept, {tenant: hold for tenant, hold in holding.items() if tenant in kept or tenant in wanted}
 
 
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
@@ -486,9 +491,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
             level = max(0.0, level - cfg.step_down)
         trim = level
         # held with the level (fail-static), then let go in the same steps (fail-open)
-        tenants, tenant_held = ((dict(previous.tenant_levels), dict(previous.tenant_held))
-                         if now_ms - stale_since <= cfg.stale_hold_s * 1000
-                         else tenant_levels({}, dict(previous.tenant_levels), level, cfg, now_ms))
+        # no hold runs on while nothing is measured (as the pool level's: held_since is 0 here)
+        tenants, tenant_held = (dict(previous.tenant_levels) if now_ms - stale_since <= cfg.stale_hold_s * 1000
+                                else tenant_levels({}, dict(previous.tenant_levels), level, cfg, now_ms)[0]), {}
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]

@@ -1,12 +1,10 @@
 """Fair shares between tenants: the shares, the policy's tenant levels, the signal's list and the router."""
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, config_from, decide
+from pipeline.admission.policy import SHED_ORDER, AdmissionConfig, Decision, config_from, decide, tenant_levels
 from pipeline.admission.signing import sign
 from pipeline.admission.tenant_shares import MAX_LISTED, admitted_at, fair_shares
 from pipeline.load.aggregates import OTHER_TENANTS
@@ -238,7 +236,7 @@ def test_a_tenant_level_held_short_of_its_share_moves_there_after_the_dwell():
     short of what the share needs makes the rest pay for the gap for as long as it lasts (noisy-neighbour
     with clients that ignore Retry-After, seed 2: 70 s, the others' sheddable work shed whole)."""
     rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
-    fair = replace(steady(rates), tenant_held=())
+    fair = steady(rates, ticks=int(3 * CFG.dwell_s * 1000 / TICK))   # settled: longer than any hold
     before = dict(fair.tenant_levels)["noisy"]
     louder = {**rates, "noisy": 32.0}
     held = steady(louder, start=fair, ticks=1)
@@ -246,3 +244,28 @@ def test_a_tenant_level_held_short_of_its_share_moves_there_after_the_dwell():
     later = steady(louder, start=held, ticks=int(CFG.dwell_s * 1000 / TICK))
     assert dict(later.tenant_levels)["noisy"] > before
     assert later.rest_level < held.rest_level, "what the tenant sheds beyond its old level goes to the rest"
+
+
+def test_a_tenant_target_that_wobbles_across_its_level_is_held_past_the_dwell():
+    """Noise moves the target to either side of the level: each crossing starts the clock again, so the
+    level holds for as long as the target only wobbles."""
+    rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
+    fair = steady(rates, ticks=int(3 * CFG.dwell_s * 1000 / TICK))
+    before = dict(fair.tenant_levels)["noisy"]
+    for i in range(int(3 * CFG.dwell_s * 1000 / TICK)):
+        fair = steady({**rates, "noisy": 30.5 if i % 8 < 4 else 29.5}, start=fair, ticks=1)
+        assert dict(fair.tenant_levels)["noisy"] == before
+
+
+def test_a_tenant_held_at_the_pool_level_is_listed_once_the_dwell_is_over():
+    """A tenant whose share needs a level just above the pool's is held there first; the hold is kept while
+    the tenant is wanted, though it is not listed yet, so it ends."""
+    listed_at = None
+    levels, held = {}, {}
+    for tick in range(40):
+        now = tick * TICK
+        levels, held = tenant_levels({"x": 1.05}, levels, 1.0, CFG, now, held)
+        if "x" in levels and listed_at is None:
+            listed_at = now
+    assert listed_at is not None and CFG.dwell_s * 1000 <= listed_at <= CFG.dwell_s * 1000 + TICK
+    assert levels == {"x": 1.05}
