@@ -69,11 +69,12 @@ def untuned_goals(computed):
 FAIRNESS_COST = {"noisy-neighbour": 0.98}
 
 
-def assert_every_goal_met(line: dict) -> None:
+def assert_every_goal_met(line: dict, fairness_cost: float | None = None) -> None:
+    """Every goal, but where fairness still costs some (``FAIRNESS_COST``) that cost is pinned instead."""
     missed = [f for f in line["failed"].split("; ") if f]
     if line["scenario"] in FAIRNESS_COST:
         missed = [f for f in missed if "without fairness" not in f]
-        assert line["vs_unfair"] >= FAIRNESS_COST[line["scenario"]], line
+        assert line["vs_unfair"] >= (fairness_cost or FAIRNESS_COST[line["scenario"]]), line
     assert missed == [], line
 
 
@@ -109,10 +110,13 @@ def test_goals_hold_on_arrivals_it_was_not_tuned_on(untuned_goals, scenario):
 def test_goals_hold_with_clients_that_ignore_retry_after(computed, scenario):
     """Shed work back on the clients' own 0.5-4 s backoff, up to ten attempts, whatever the retry-after says:
     the spike, the prompt-heavy spike and the noisy neighbour meet every goal as with the scenarios' own
-    clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants within 0.0015 of
-    their run without the burst, the bursting tenant 0.918-0.970 of the refusals since a tenant's level is
-    held for at most the dwell; docs/simulator.md, "Clients that ignore Retry-After")."""
-    assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario])
+    clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants within 0.0004 of
+    their run without the burst, the bursting tenant 0.948-0.972 of the refusals since a tenant's level is
+    held for at most the dwell; docs/simulator.md, "Clients that ignore Retry-After"). Fairness's cost
+    spreads wider with them (0.981-1.003x Sluice without fairness; seed 1 0.981), so its pin is a point
+    lower."""
+    assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario],
+                          fairness_cost=0.97)
 
 
 @pytest.mark.parametrize("scenario", tuple(SHORT_OF))
