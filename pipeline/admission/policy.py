@@ -427,14 +427,14 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
     when the rest already admit all they offer. Held too high while nobody else can take in what it
     sheds, the pool runs under the budget its level set (noisy-neighbour seed 5: 61.3 of a 62.3
     attempts/s budget while the deadband held)."""
-    out, holding = {}, {}
+    out, holding, held = {}, {}, held or {}
     for tenant in set(wanted) | set(previous):
         # a tenant's level is never below the pool's: it moves from there, not from zero
         before, target = max(previous.get(tenant, 0.0), level), wanted.get(tenant, 0.0)
         gap = target - before
         if before and gap and abs(gap) <= cfg.reversal_deadband and target > 0 and (hold_above or gap > 0):
             side = 1 if gap > 0 else -1
-            since, was = (held or {}).get(tenant, (now_ms, side))
+            since, was = held.get(tenant, (now_ms, side))
             since = since if was == side else now_ms
             if now_ms - since < cfg.dwell_s * 1000:
                 target = before
@@ -490,10 +490,11 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         if now_ms - stale_since > cfg.stale_hold_s * 1000:
             level = max(0.0, level - cfg.step_down)
         trim = level
-        # held with the level (fail-static), then let go in the same steps (fail-open)
-        # no hold runs on while nothing is measured (as the pool level's: held_since is 0 here)
-        tenants, tenant_held = (dict(previous.tenant_levels) if now_ms - stale_since <= cfg.stale_hold_s * 1000
-                                else tenant_levels({}, dict(previous.tenant_levels), level, cfg, now_ms)[0]), {}
+        # held with the level (fail-static), then let go in the same steps (fail-open); no deadband hold
+        # runs on while nothing is measured (as the pool level's: held_since is 0 here)
+        tenants = (dict(previous.tenant_levels) if now_ms - stale_since <= cfg.stale_hold_s * 1000
+                   else tenant_levels({}, dict(previous.tenant_levels), level, cfg, now_ms)[0])
+        tenant_held = {}
         state, since = ("stale", previous.state_since_ms if previous.state == "stale" else now_ms)
         reasons = [{"axis": "staleness", "value": round((now_ms - last_fresh) / 1000, 3),
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]

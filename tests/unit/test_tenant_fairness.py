@@ -231,6 +231,7 @@ def test_while_the_rest_can_take_in_more_a_tenant_level_is_held_by_the_deadband(
     fair = steady({**rates, "noisy": 29.0}, start=fair, ticks=4)
     assert dict(fair.tenant_levels)["noisy"] == before
 
+
 def test_a_tenant_level_held_short_of_its_share_moves_there_after_the_dwell():
     """The deadband holds a tenant's level for at most ``dwell_s``, as it does the pool's: a level held just
     short of what the share needs makes the rest pay for the gap for as long as it lasts (noisy-neighbour
