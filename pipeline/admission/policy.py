@@ -408,6 +408,12 @@ def feed_forward_level(picture: Mapping[str, Any], cfg: AdmissionConfig, capacit
                      _top_level(cfg))
 
 
+def hold_began(since: int | None, now_ms: int) -> int:
+    """When a deadband hold began: ``since``, or now for a new hold — and for one the clock has stepped back
+    past, so a worker clock set back an hour holds a level for ``dwell_s``, not an hour and ``dwell_s``."""
+    return now_ms if since is None or since > now_ms else since
+
+
 def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], level: float,
                   cfg: AdmissionConfig, now_ms: int, held: Mapping[str, tuple[int, int]] | None = None,
                   hold_above: bool = True) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
@@ -435,7 +441,7 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
         if before and gap and abs(gap) <= cfg.reversal_deadband and target > 0 and (hold_above or gap > 0):
             side = 1 if gap > 0 else -1
             since, was = held.get(tenant, (now_ms, side))
-            since = since if was == side else now_ms
+            since = hold_began(since if was == side else None, now_ms)
             if now_ms - since < cfg.dwell_s * 1000:
                 target = before
                 holding[tenant] = (since, side)
@@ -548,9 +554,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         if turn * previous.direction < 0 and abs(turn) <= cfg.reversal_deadband and 0 < desired < top:
             # turning back by less than the deadband is noise: hold — for at most the dwell, after which
             # a turn that persisted is real (else a target just across the level would hold it for ever)
-            if now_ms - (previous.held_since_ms or now_ms) < cfg.dwell_s * 1000:
+            since = hold_began(previous.held_since_ms or None, now_ms)
+            if now_ms - since < cfg.dwell_s * 1000:
                 desired = previous.shed_level
-                held_since = previous.held_since_ms or now_ms
+                held_since = since
         level = min(max(desired, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
     direction = previous.direction
     if level != previous.shed_level:

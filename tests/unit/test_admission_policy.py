@@ -626,3 +626,13 @@ def test_a_measured_figure_carries_over_when_replicas_join():
     assert measured.capacity_measured
     grown = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.5, limit=80.0), measured, CFG, 2 * TICK)
     assert grown.capacity_rps == pytest.approx(10.0 + CFG.capacity_recovery * 80.0) and grown.capacity_measured
+
+
+def test_a_deadband_hold_never_outlasts_the_dwell_of_the_clock_as_it_reads_now():
+    """The pool level's hold and each tenant level's begin where ``hold_began`` says: a clock stepped back
+    past a hold's start starts it again, rather than holding until the clock is back there."""
+    from pipeline.admission.policy import hold_began
+
+    assert hold_began(None, 5_000) == 5_000
+    assert hold_began(3_000, 5_000) == 3_000
+    assert hold_began(3_600_000, 5_000) == 5_000

@@ -301,3 +301,14 @@ def test_fractions_do_not_saw_with_a_tenant_listed_under_noisy_steady_load(seed,
     dwells = 480 * TICK / 1000 / CFG.dwell_s
     assert reversals(tenant) <= dwells
     assert reversals(rest) <= 2.5 * dwells
+
+
+def test_a_clock_stepped_back_does_not_stretch_a_tenant_hold():
+    """A worker clock set back an hour: the hold starts again at the clock as it reads now and lasts the
+    dwell, not the hour until the clock is back where the hold began."""
+    hour = 3_600_000
+    levels, held = tenant_levels({"x": 1.05}, {}, 1.0, CFG, hour, {})
+    assert levels == {} and held == {"x": (hour, 1)}
+    for tick in range(40):
+        levels, held = tenant_levels({"x": 1.05}, levels, 1.0, CFG, tick * TICK, held)
+    assert levels == {"x": 1.05}
