@@ -233,6 +233,8 @@ class Decision:
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
     tenant_held: tuple[tuple[str, tuple[int, int]], ...] = ()  # the deadband's holds of tenant levels: since, side
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
+    rest_direction: int = 0  # the rest's level's last move, as ``direction`` is the pool level's
+    rest_held_since_ms: int = 0  # when the deadband started holding the rest's level (0: not holding)
     warm_relief: float = 0.0  # the cache_relief warm steps' fractions follow (moved only past RELIEF_DEADBAND)
     mix_reference: float = 0.0  # tokens a request when arrivals turned heavier (0: no turn under way; mix_shift)
     mix_confirmed: bool = False  # the leading axes confirmed this turn: its figure is kept as a measured one
@@ -452,6 +454,28 @@ def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], le
     return kept, {tenant: hold for tenant, hold in holding.items() if tenant in kept or tenant in wanted}
 
 
+def next_rest_level(target: float, previous: Decision, level: float, tenants: Mapping[str, float], cfg: AdmissionConfig,
+                    now_ms: int) -> tuple[float, int]:
+    """The level every unlisted tenant gets this tick, and when the deadband began holding it (0: not
+    holding). It moves in the pool level's bounded steps (a tenant listed or dropped must not swing
+    everyone else's fractions from one tick to the next) and never above the pool's level.
+
+    While a tenant is listed the rest's target moves with every tenant's rate as well as with the levels,
+    so it turned back on noise the levels are held against (up to 46 turns in two minutes under ±5% a tick
+    without this hold). So while the pool's level and the tenants' stand still, a turn back by less than
+    ``reversal_deadband`` is held for at most ``dwell_s``, as the pool's level is; a turn that follows one
+    of those levels' moves is not (they were held against noise already, and what a tenant's move sheds
+    belongs to the rest at once). With nobody listed the rest's level is the pool's."""
+    before, held = previous.rest_level, 0
+    turn = target - before
+    still = level == previous.shed_level and tenants == dict(previous.tenant_levels)
+    if tenants and still and turn * previous.rest_direction < 0 and abs(turn) <= cfg.reversal_deadband:
+        since = hold_began(previous.rest_held_since_ms or None, now_ms)
+        if now_ms - since < cfg.dwell_s * 1000:
+            target, held = before, since
+    return min(level, max(target, before - cfg.level_step_down), before + cfg.level_step_up), held
+
+
 def _redirects(picture: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], cfg: AdmissionConfig) -> list[dict]:
     """Siblings with headroom, weighted by it; ``cold_prefill_cost_s`` is a moved request's whole prefill there
     (routers compare it with the TTFT SLO)."""
@@ -576,9 +600,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         tenants, tenant_held = tenant_levels(wanted, dict(previous.tenant_levels), level, cfg, now_ms,
                                               dict(previous.tenant_held), hold_above=False)
         rest = level_for_the_rest(by_tenant, offered, level, tenants, _top_level(cfg))
-    # in the pool level's bounded steps too: a tenant listed or dropped must not swing everyone else's
-    # fractions from one tick to the next
-    rest = min(level, max(rest, previous.rest_level - cfg.level_step_down), previous.rest_level + cfg.level_step_up)
+    rest, rest_held = next_rest_level(rest, previous, level, {} if stale else tenants, cfg, now_ms)
+    rest_direction = previous.rest_direction
+    if rest != previous.rest_level:
+        rest_direction = 1 if rest > previous.rest_level else -1
     admit, continuing = _fractions(rest, cfg)
     relief, reading = previous.warm_relief, cache_relief(picture)
     if not stale and reading is not None and abs(reading - relief) > RELIEF_DEADBAND:
@@ -648,7 +673,8 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     capacity_rps=round(capacity, 6), capacity_measured=measured, mix_reference=round(reference, 3),
                     mix_confirmed=confirmed,
                     tenant_levels=tuple(tenants.items()), tenant_held=tuple(sorted(tenant_held.items())),
-                    rest_level=round(rest, 6), warm_relief=relief,
+                    rest_level=round(rest, 6), rest_direction=rest_direction, rest_held_since_ms=rest_held,
+                    warm_relief=relief,
                     signal=signal)
 
 
