@@ -282,9 +282,10 @@ def test_fractions_do_not_saw_with_a_tenant_listed_under_noisy_steady_load(seed,
     tenant's rate wobbling independently by up to ±5% each tick (harsher than a window's rates, which share
     most of their window from one picture to the next), the listed tenant's fractions turn back at most once
     per dwell (at most 14 times in two minutes over 400 runs at ±5%): a wobble across its level restarts the
-    hold's clock. The rest's fractions turn with those levels' moves and, held by a deadband of their own,
-    at most once per dwell on the rates' noise: at most 24 turns in two minutes over 1,900 runs (46 without
-    their hold, 15.4 against 21.7 on average), bounded here at 1.25 per dwell."""
+    hold's clock. The rest's fractions turn with those levels' moves and, their turns back up held by a
+    deadband of their own, about once per dwell on the rates' noise: 27 turns in two minutes at worst over
+    seeds 0-1,999 (46 without their hold, 15.9 against 21.7 on average), bounded here at 1.5 per dwell
+    (the tests below fail without the hold)."""
     import random
 
     from pipeline.admission.flapping import reversals
@@ -303,12 +304,13 @@ def test_fractions_do_not_saw_with_a_tenant_listed_under_noisy_steady_load(seed,
         rest.append(decision.signal["admit_fraction"])
     dwells = 480 * TICK / 1000 / CFG.dwell_s
     assert reversals(tenant) <= dwells
-    assert reversals(rest) <= 1.25 * dwells
+    assert reversals(rest) <= 1.5 * dwells
 
 
 def test_the_rests_fractions_hold_against_noise_while_the_levels_stand_still():
     """With one tenant listed and the others' rates sawing ±8% a tick for a dwell, the pool's level and the
-    tenant's are held by their deadbands, and so is the rest's: no reversal (17 without its hold)."""
+    tenant's are held by their deadbands, and so is the rest's: it sheds less at once, then holds there
+    (one reversal; 17 without its hold)."""
     from pipeline.admission.flapping import reversals
 
     rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
@@ -322,7 +324,7 @@ def test_the_rests_fractions_hold_against_noise_while_the_levels_stand_still():
         rest.append(decision.signal["admit_fraction"])
         levels.add((decision.shed_level, dict(decision.tenant_levels)["noisy"]))
     assert len(levels) <= 2, "the pool's level and the tenant's moved once at most (the first tick's step)"
-    assert reversals(rest) == 0
+    assert reversals(rest) <= 1
 
 
 def test_a_clock_stepped_back_does_not_stretch_a_tenant_hold():
@@ -336,22 +338,49 @@ def test_a_clock_stepped_back_does_not_stretch_a_tenant_hold():
     assert levels == {"x": 1.05}
 
 
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_rests_hold_reads_a_pool_level_that_stood_still_as_still(seed):
+    """The pool's total steady and its split between two tenants wobbling ±5% a tick: the stored pool and
+    tenant levels never move, so the rest's turns back up are held. The pool's level is compared as it is
+    stored (rounded): compared unrounded it differed in the last digits on nearly every tick, which
+    switched the hold off (59-84 reversals in two minutes; 4-14 with it)."""
+    import random
+
+    from pipeline.admission.flapping import reversals
+
+    rng = random.Random(seed)
+    rates = {"noisy": 30.0, "b": 20.0, "c": 20.0, "d": 20.0}
+    decision = steady(rates, ticks=int(3 * CFG.dwell_s * 1000 / TICK))
+    now, rest, levels = decision.watermark_ms, [], set()
+    for _ in range(480):
+        now += TICK
+        wobble = rng.uniform(-0.05, 0.05)
+        decision = decide(loaded(now, {**rates, "noisy": 30 * (1 + wobble), "b": 20 - 30 * wobble}), decision, CFG, now)
+        rest.append(decision.signal["admit_fraction"])
+        levels.add((decision.shed_level, decision.tenant_levels))
+    assert len(levels) == 1
+    assert reversals(rest) <= 480 * TICK / 1000 / CFG.dwell_s
+
+
 def test_the_rests_hold_lasts_at_most_the_dwell_and_never_outlives_a_levels_move():
-    """A turn back of the rest's level within the deadband is held while the levels it follows stand still,
-    for at most ``dwell_s``; a move of the pool's level or a tenant's passes to the rest at once, and with
+    """A turn of the rest's level back up (shedding more) within the deadband is held while the levels it
+    follows stand still, for at most ``dwell_s``; a turn down (shedding less) is never held, since the rest
+    would pay for the hold; a move of the pool's level or a tenant's passes to the rest at once, and with
     nobody listed the rest's level is the pool's."""
     tenants = {"x": 3.0}
-    previous = Decision("p", shed_level=2.5, tenant_levels=tuple(tenants.items()), rest_level=2.0, rest_direction=1)
+    previous = Decision("p", shed_level=2.5, tenant_levels=tuple(tenants.items()), rest_level=2.0, rest_direction=-1)
     now, ticks = 0, []
     while True:
         now += TICK
-        level, held = next_rest_level(1.95, previous, 2.5, tenants, CFG, now)
+        level, held = next_rest_level(2.05, previous, 2.5, tenants, CFG, now)
         if level != 2.0:
             break
         ticks.append(now)
         previous = replace(previous, rest_held_since_ms=held)
-    assert level == 1.95 and CFG.dwell_s * 1000 - TICK <= len(ticks) * TICK <= CFG.dwell_s * 1000
+    assert level == 2.05 and CFG.dwell_s * 1000 - TICK <= len(ticks) * TICK <= CFG.dwell_s * 1000
     fresh = replace(previous, rest_held_since_ms=0)
-    assert next_rest_level(1.95, fresh, 2.5, {"x": 3.1}, CFG, now)[0] == 1.95, "the tenant's level moved"
-    assert next_rest_level(1.95, fresh, 2.4, tenants, CFG, now)[0] == 1.95, "the pool's level moved"
-    assert next_rest_level(1.95, fresh, 2.5, {}, CFG, now)[0] == 1.95, "nobody listed"
+    assert next_rest_level(2.05, fresh, 2.5, {"x": 3.1}, CFG, now)[0] == 2.05, "the tenant's level moved"
+    assert next_rest_level(2.05, fresh, 2.4, tenants, CFG, now)[0] == 2.05, "the pool's level moved"
+    assert next_rest_level(2.05, fresh, 2.5, {}, CFG, now)[0] == 2.05, "nobody listed: no hold"
+    assert next_rest_level(1.95, replace(fresh, rest_direction=1), 2.5, tenants, CFG, now)[0] == 1.95, "shedding less"
