@@ -416,6 +416,16 @@ def hold_began(since: int | None, now_ms: int) -> int:
     return now_ms if since is None or since > now_ms else since
 
 
+def deadband_hold(turn: float, direction: int, since_ms: int, now_ms: int, cfg: AdmissionConfig) -> int | None:
+    """When the deadband began holding ``turn`` (a level's wanted move against its last move, ``direction``,
+    by at most ``reversal_deadband``), while the hold is under ``dwell_s``; None: the level moves. A turn
+    that persists past the dwell is real, not noise (else a target just across a level would hold it for ever)."""
+    if turn * direction >= 0 or abs(turn) > cfg.reversal_deadband:
+        return None
+    since = hold_began(since_ms or None, now_ms)
+    return since if now_ms - since < cfg.dwell_s * 1000 else None
+
+
 def tenant_levels(wanted: Mapping[str, float], previous: Mapping[str, float], level: float,
                   cfg: AdmissionConfig, now_ms: int, held: Mapping[str, tuple[int, int]] | None = None,
                   hold_above: bool = True) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
@@ -473,10 +483,9 @@ def next_rest_level(target: float, previous: Decision, level: float, tenants: Ma
     turn = target - before
     # as stored (rounded), so a level that stood still reads as still
     still = round(level, 6) == previous.shed_level and tenants == dict(previous.tenant_levels)
-    if tenants and still and 0 < turn <= cfg.reversal_deadband and previous.rest_direction < 0:
-        since = hold_began(previous.rest_held_since_ms or None, now_ms)
-        if now_ms - since < cfg.dwell_s * 1000:
-            target, held = before, since
+    since = deadband_hold(turn, previous.rest_direction, previous.rest_held_since_ms, now_ms, cfg)
+    if tenants and still and turn > 0 and since is not None:
+        target, held = before, since
     return min(level, max(target, before - cfg.level_step_down), before + cfg.level_step_up), held
 
 
@@ -579,13 +588,10 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level
-        if turn * previous.direction < 0 and abs(turn) <= cfg.reversal_deadband and 0 < desired < top:
-            # turning back by less than the deadband is noise: hold — for at most the dwell, after which
-            # a turn that persisted is real (else a target just across the level would hold it for ever)
-            since = hold_began(previous.held_since_ms or None, now_ms)
-            if now_ms - since < cfg.dwell_s * 1000:
-                desired = previous.shed_level
-                held_since = since
+        # turning back by less than the deadband is noise: held, for at most the dwell
+        hold = deadband_hold(turn, previous.direction, previous.held_since_ms, now_ms, cfg)
+        if hold is not None and 0 < desired < top:
+            desired, held_since = previous.shed_level, hold
         level = min(max(desired, previous.shed_level - cfg.level_step_down), previous.shed_level + cfg.level_step_up)
     direction = previous.direction
     if level != previous.shed_level:

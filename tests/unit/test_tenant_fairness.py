@@ -338,7 +338,6 @@ def test_a_clock_stepped_back_does_not_stretch_a_tenant_hold():
     assert levels == {"x": 1.05}
 
 
-
 @pytest.mark.parametrize("seed", range(3))
 def test_the_rests_hold_reads_a_pool_level_that_stood_still_as_still(seed):
     """The pool's total steady and its split between two tenants wobbling ±5% a tick: the stored pool and
@@ -367,7 +366,7 @@ def test_the_rests_hold_lasts_at_most_the_dwell_and_never_outlives_a_levels_move
     """A turn of the rest's level back up (shedding more) within the deadband is held while the levels it
     follows stand still, for at most ``dwell_s``; a turn down (shedding less) is never held, since the rest
     would pay for the hold; a move of the pool's level or a tenant's passes to the rest at once, and with
-    nobody listed the rest's level is the pool's."""
+    nobody listed nothing is held."""
     tenants = {"x": 3.0}
     previous = Decision("p", shed_level=2.5, tenant_levels=tuple(tenants.items()), rest_level=2.0, rest_direction=-1)
     now, ticks = 0, []
