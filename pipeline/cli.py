@@ -278,7 +278,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_sim(args: argparse.Namespace) -> int:
     from .query_client import render
     from .sim.replica import Hardware
-    from .sim.scenarios import IMPATIENT_CLIENT, SCENARIOS, Fleet, compare, compare_seeds, slo_capacity
+    from .sim.scenarios import CLIENTS, SCENARIOS, Fleet, compare, compare_seeds, slo_capacity
 
     if args.chunked_prefill < 0:
         print("sluice sim: --chunked-prefill takes a token budget per engine step (0: off)", file=sys.stderr)
@@ -286,7 +286,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     hardware = Hardware(priority_scheduling=args.engine_priority, max_batched_tokens=args.chunked_prefill)
     fleet = Fleet(replicas=args.replicas, duration_s=args.seconds, seed=args.seed, arrivals=args.arrivals,
                   burstiness=args.burstiness, hardware=hardware,
-                  client=IMPATIENT_CLIENT if args.clients == "impatient" else None)
+                  client=CLIENTS[args.clients])
     names = tuple(args.scenario or SCENARIOS)
     if args.seeds:
         first, _, last = args.seeds.partition("-")
@@ -328,7 +328,7 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .sim.scenarios import SCENARIOS
+    from .sim.scenarios import CLIENTS, SCENARIOS
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--arrivals", choices=("trace", "gamma"), default="trace",
                      help="the Azure trace time-scaled, or gamma-distributed gaps")
     sim.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson, < 1 burstier)")
-    sim.add_argument("--clients", choices=("scenario", "impatient"), default="scenario",
+    sim.add_argument("--clients", choices=tuple(CLIENTS), default="scenario",
                      help="each scenario's own clients, or clients that ignore Retry-After and retry shed work "
                           "on their own 0.5-4 s backoff, up to ten attempts")
     sim.add_argument("--charts", help="directory for one PNG per scenario")

@@ -56,7 +56,7 @@ def check(rows: Iterable[dict]) -> list[dict]:
                 "slo_goodput"] else None
             fairness["cost_vs_no_affinity"] = (round(cost / plain["usd_per_1k_slo_tasks"], 3)
                                                if cost is not None and plain["usd_per_1k_slo_tasks"] else None)
-        out.append({"scenario": scenario, "seed": seed, "vs_none": round(vs_none, 2), "vs_fixed": round(vs_fixed, 3),
+        out.append({"scenario": scenario, "seed": seed, "clients": sluice.get("clients"), "vs_none": round(vs_none, 2), "vs_fixed": round(vs_fixed, 3),
                     "critical": sluice["attain_critical"], "fixed_critical": fixed["attain_critical"],
                     "cost_vs_none": round(cost_ratio, 3) if cost_ratio is not None else None,
                     "reversals_per_min": sluice.get("fraction_reversals_per_min"), **fairness,

@@ -44,6 +44,14 @@ POLITE_JITTER_CLIENT = ClientPolicy(shed_retries=5, retry_after_jitter=0.5)
 # HTTP clients that never read a 429's Retry-After: shed work comes back on their own short backoff
 # (0.5 s doubling, capped at 4 s), up to ten attempts — the opposite of the polite clients above
 IMPATIENT_CLIENT = ClientPolicy(max_attempts=10, backoff_base_s=0.5, backoff_cap_s=4.0, ignore_retry_after=True)
+# ``sluice sim --clients``: which clients replace every scenario's own (None: each scenario keeps its own)
+CLIENTS: dict[str, ClientPolicy | None] = {"scenario": None, "impatient": IMPATIENT_CLIENT}
+
+
+def clients_name(client: ClientPolicy | None) -> str:
+    """The ``--clients`` name of a fleet's clients, for each row: tables saved from different runs say
+    which clients made them ("custom" for a policy set in code)."""
+    return next((name for name, policy in CLIENTS.items() if policy == client), "custom")
 
 
 @dataclass(frozen=True)
@@ -311,6 +319,7 @@ def compare(names: tuple[str, ...] = tuple(SCENARIOS), fleet: Fleet = Fleet(), s
             row["fraction_reversals_per_min"] = round(reversals_per_minute(
                 (fractions for t, _, fractions in history if t <= fleet.duration_s), fleet.duration_s), 2)
             row["seed"] = fleet.seed
+            row["clients"] = clients_name(fleet.client)
             if scenario.burst_tenant is not None:
                 row |= tenant_figures(sim.stats, scenario.burst_tenant)
                 if label == "sluice":   # what the other tenants get from Sluice without the burst

@@ -16,10 +16,12 @@ and the gap stays visible: two-pools, where no controller reaches 2× no control
 most their SLO capacity (docs/simulator.md, "What is still short").
 """
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline.sim.goals import check
-from pipeline.sim.scenarios import CONTROLLED, IMPATIENT_CLIENT, SCENARIOS, Fleet, compare_seeds
+from pipeline.sim.scenarios import CONTROLLED, IMPATIENT_CLIENT, SCENARIOS, Fleet, clients_name, compare_seeds
 from tests import prewarm
 
 # scenario → (least SLO-goodput vs no control, least critical attainment) where a goal is still missed
@@ -117,6 +119,14 @@ def test_goals_hold_with_clients_that_ignore_retry_after(computed, scenario):
     lower."""
     assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario],
                           fairness_cost=0.97)
+
+
+def test_every_row_names_the_clients_that_made_it(computed):
+    """Tables saved from runs with different clients read alike; each row, and each goals line, says which."""
+    for kind, clients in (("trace", "scenario"), ("untuned", "scenario"), ("impatient", "impatient")):
+        assert {row["clients"] for row in computed[kind]} == {clients}
+        assert {line["clients"] for line in check(computed[kind])} == {clients}
+    assert clients_name(replace(IMPATIENT_CLIENT, max_attempts=3)) == "custom"
 
 
 @pytest.mark.parametrize("scenario", tuple(SHORT_OF))
