@@ -344,8 +344,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _landing_blocks(rows: int, block_rows: int) -> list[tuple[bytes, str]]:
-    """``rows`` request events as the sink lands them: (newline-delimited rows, deduplication token) per block."""
+def _landing_blocks(rows: int, block_rows: int) -> list[tuple[bytes, str, int]]:
+    """``rows`` request events as the sink lands them: (newline-delimited rows, deduplication token, last source
+    offset) per block, from topic ``bench``, partition 0."""
     from .events import RequestEvent
     from .ingest import Record
     from .sinks.blocks import process_block
@@ -354,11 +355,20 @@ def _landing_blocks(rows: int, block_rows: int) -> list[tuple[bytes, str]]:
                for i, e in enumerate(_request_events(rows, seed=13))]
     blocks = [process_block(RequestEvent, records[i:i + block_rows], 1 << 20, 0)
               for i in range(0, len(records), block_rows)]
-    return [(b"\n".join(b.landed_rows()), b.token(b.table)) for b in blocks]
+    return [(b"\n".join(b.landed_rows()), b.token(b.table), b.next_offset - 1) for b in blocks]
 
 
-def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
-    """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store."""
+LANDING_ROWS = 600_000   # the landing stage's least rows: several rollup intervals, as a stream has
+
+
+def bench_landing(rows: int, block_rows: int, work_dir: Path, rollup_interval_s: float = 1.0) -> dict:
+    """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store.
+
+    The sink's path is its inserts into ``request_events`` and, every ``rollup_interval_s`` and once at the
+    end, the rollup of what they landed into ``pool_minute`` (``sinks.rollup``), as the landing worker does;
+    the plain path inserts the same blocks into a ``MergeTree`` with no key. The fsync comparison inserts the
+    blocks into fresh copies of ``request_events``, with and without ``store_fsync``."""
+    from .sinks import rollup
     from .sinks.migrations import migrate, set_fsync
     from .sinks.store import ClickHouseStore
 
@@ -368,14 +378,25 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
         migrate(store)
         store.command("CREATE TABLE plain_events AS request_events ENGINE = MergeTree ORDER BY tuple()")
         started = time.perf_counter()
-        for payload, _ in payloads:
+        for payload, _, _ in payloads:
             store.insert("plain_events", payload)
         plain_s = time.perf_counter() - started
-        started = time.perf_counter()
-        for payload, token in payloads:
+        rollups, rolled, landed = 0, -1, -1
+        started = rolled_at = time.perf_counter()
+        for payload, token, last in payloads:
             store.insert("request_events", payload, token)
+            landed = last
+            if time.perf_counter() - rolled_at >= rollup_interval_s:
+                rollup.roll_up(store, [("bench", 0, rolled + 1, landed)])
+                rollups, rolled, rolled_at = rollups + 1, landed, time.perf_counter()
+        if landed > rolled:
+            rollup.roll_up(store, [("bench", 0, rolled + 1, landed)])
+            rollups += 1
         sink_s = time.perf_counter() - started
-        landed, = store.query("SELECT count() AS n FROM request_events")
+        landed_rows, = store.query("SELECT count() AS n FROM request_events")
+        terminal, = store.query("SELECT count() AS n FROM request_events WHERE phase IN "
+                                f"{rollup.TERMINAL_PHASES}")
+        per_minute, = store.query("SELECT sum(requests) AS n FROM pool_minute")
         # the cost of store_fsync: the same blocks into fresh copies, with and without, alternating, median of 3
         spent: dict[bool, list[float]] = {False: [], True: []}
         for round_no in range(3):
@@ -384,13 +405,15 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path) -> dict:
                 store.command(f"CREATE TABLE {table} AS request_events")
                 set_fsync(store, table, fsync)
                 started = time.perf_counter()
-                for payload, token in payloads:
+                for payload, token, _ in payloads:
                     store.insert(table, payload, token)
                 spent[fsync].append(time.perf_counter() - started)
         no_fsync_s, fsync_s = (sorted(spent[f])[1] for f in (False, True))
     finally:
         store.close()
-    return {"rows": rows, "block_rows": block_rows, "landed_rows": landed["n"],
+    if per_minute["n"] != terminal["n"]:
+        raise RuntimeError(f"the rollups counted {per_minute['n']} terminal attempts of {terminal['n']}")
+    return {"rows": rows, "block_rows": block_rows, "landed_rows": landed_rows["n"], "rollups": rollups,
             "sink_rows_per_s": round(rows / sink_s),
             "plain_insert_rows_per_s": round(rows / plain_s),
             "sink_vs_plain_ratio": round(plain_s / sink_s, 3),
@@ -419,7 +442,7 @@ def bench_landing_under_query(block_rows: int, work_dir: Path, fsync: bool = Tru
     from .sinks.readonly import ReadLimits
     from .sinks.store import ClickHouseStore
 
-    payloads = [payload for payload, _ in _landing_blocks(distinct_rows, block_rows)]
+    payloads = [payload for payload, _, _ in _landing_blocks(distinct_rows, block_rows)]
     store = ClickHouseStore.embedded(work_dir / f"under-query-{uuid.uuid4().hex[:6]}")
     try:
         migrate(store)
@@ -786,7 +809,8 @@ def main(settings: Settings, events: int, as_json: bool, lag_rate: float, lag_se
     stages: dict[str, Callable[[], dict]] = {
         "control_path": lambda: bench_ingest(settings, events, work_dir, "control"),
         "landing_path": lambda: bench_ingest(settings, events, work_dir, "landing"),
-        "landing": lambda: bench_landing(events, settings.sink_block_rows, work_dir),
+        "landing": lambda: bench_landing(max(events, LANDING_ROWS), settings.sink_block_rows, work_dir,
+                                         settings.sink_rollup_interval_s),
         "picture_and_decision_lag": lambda: bench_picture_lag(settings, lag_rate, lag_seconds, work_dir),
         "lag_with_landing_in_the_same_worker": lambda: bench_picture_lag(settings, lag_rate, lag_seconds, work_dir,
                                                                          role="all"),

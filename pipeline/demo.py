@@ -30,7 +30,9 @@ def _step(text: str) -> None:
 
 def run_demo(settings: Settings, seconds: float = 180.0) -> int:
     from .cost import price_table
+    from .query_client import run_query
     from .report import pool_report
+    from .sinks.rollup import PENDING_SQL
     from .sim.chart import ChartsUnavailable
     from .sim.live import console_display, run_live
     from .sim.scenarios import (POOL, SCENARIOS, Fleet, draw, reference_capacity, run_controllers, slo_capacity,
@@ -107,6 +109,9 @@ def run_demo(settings: Settings, seconds: float = 180.0) -> int:
         deadline = time.monotonic() + 60
         while worker.counts().accepted < expected and time.monotonic() < deadline:
             time.sleep(0.5)
+        while time.monotonic() < deadline and \
+                run_query(demo_settings, PENDING_SQL, f"{worker.base_url}/query")[0][0]["pending"] > 0:
+            time.sleep(0.5)   # pool_minute trails landing by up to sink_rollup_interval_s
         counts = worker.counts()
         print(f"{expected} events published by the simulator, {counts.accepted} landed, "
               f"{counts.dead_lettered} dead-lettered")

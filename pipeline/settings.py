@@ -139,9 +139,8 @@ class Settings:
         min=1, max=16))
     sink_block_rows: int = field(default=5000, metadata=_doc(
         "Rows a source partition's block gathers before it lands as one insert (ClickHouse: thousands of "
-        "rows per insert). Each insert has a fixed cost (the per-minute view's query is planned per insert), so "
-        "larger blocks land faster when a backlog fills them: 20000 measured about 30% more events/s through "
-        "the landing worker, and about 500 MiB more RSS with 6 partitions (docs/performance.md).",
+        "rows per insert). Each insert has a fixed cost, so larger blocks land faster when a backlog fills "
+        "them, at the cost of memory (docs/performance.md).",
         min=1, max=1_000_000))
     sink_block_bytes: int = field(default=64 << 20, metadata=_doc(
         "Bytes of source records a partition's block gathers at most before it lands, whatever its rows: "
@@ -150,6 +149,10 @@ class Settings:
     sink_block_age_s: float = field(default=1.0, metadata=_doc(
         "Longest a block gathers rows before it lands, seconds: the bound on landing lag it adds "
         "(0 lands every fetched batch at once).", min=0, max=60))
+    sink_rollup_interval_s: float = field(default=1.0, metadata=_doc(
+        "How often the landing path rolls what it landed up into `pool_minute`, seconds: how far the "
+        "per-minute table trails `request_events`. Each rollup is one `INSERT … SELECT` (a view did it per "
+        "insert, at about a quarter of the landing path's time; docs/storage.md).", min=0, max=600))
     dedup_recent_ids: int = field(default=20000, metadata=_doc(
         "Event ids per source partition each path remembers to drop a re-sent event (a producer retry) "
         "before it is folded or landed; the landing path reloads them from the store after a restart.", min=0, max=10_000_000))

@@ -6,7 +6,8 @@ that drop producer retries, the open block of each source partition (rows
 gather until ``sink_block_rows``, ``sink_block_bytes`` or ``sink_block_age_s``: ClickHouse wants
 thousands of rows a second per insert, not one insert per fetch), landing in
 offset order, hold-and-retry while the store is unavailable (``ClickHouseSink``),
-and the split that lands a refused block in halves, dead-lettering the rows the store refuses.
+the split that lands a refused block in halves, dead-lettering the rows the store refuses,
+and the rollup of what landed into ``pool_minute`` (``rollup``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .. import metrics
 from ..events import AdmissionSignal
 from ..ingest import Record, RecentIds, TimeBounds
 from ..settings import Settings
-from . import positions
+from . import positions, rollup
 from .blocks import (DEAD_LETTER_TABLE, STORE_REJECTED, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks,
                      refused_by_store)
 from .clickhouse import ClickHouseSink
@@ -45,6 +46,10 @@ class BlockSink:
         self.open_blocks: dict[Where, BlockOutcome] = {}
         self._due: list[BlockOutcome] = []
         self._landing: asyncio.Task | None = None
+        self.landed_through: dict[Where, int] = {}   # request partitions: every offset up to here is in the store
+        self.rolled: dict[Where, int] = {}           # ... and up to here in pool_minute (-1: none)
+        self._rolled_at = time.monotonic()
+        self._rolling = asyncio.Lock()   # one rollup at a time: two over the same offsets would both count
 
     @property
     def held(self) -> bool:
@@ -103,6 +108,10 @@ class BlockSink:
                 await asyncio.wait([previous])
             for block in blocks:
                 await self._land_block(block)
+                if block.table == rollup.SOURCE_TABLE:   # landed in offset order: all before it is in the store
+                    where = (block.topic, block.partition)
+                    self.landed_through[where] = max(self.landed_through.get(where, -1), block.next_offset - 1)
+            await self.roll_up(force=partitions is not None)
             return {(b.topic, b.partition): b.next_offset for b in blocks}
 
         self._landing = task = asyncio.ensure_future(land())
@@ -126,6 +135,35 @@ class BlockSink:
         metrics.count_dead_letters(block.topic, block.reasons)
         if block.duplicates:
             metrics.EVENTS_DUPLICATE.labels(block.topic).inc(block.duplicates)
+
+    async def roll_up(self, force: bool) -> None:
+        """Roll what landed since the last rollup up into ``pool_minute``, every ``sink_rollup_interval_s``
+        (at once with ``force``: a revocation hands the partitions over rolled up). A partition's first
+        rollup here runs its last one again (``rollup.resume``). A rollup the store keeps refusing is
+        logged and counted; landing goes on, and the next rollup takes the same offsets again."""
+        async with self._rolling:
+            now = time.monotonic()
+            if force or now - self._rolled_at >= self.settings.sink_rollup_interval_s:
+                self._rolled_at = now
+                await self._roll_up()
+
+    async def _roll_up(self) -> None:
+        for where in self.landed_through.keys() - self.rolled.keys():
+            self.rolled[where] = await self.sink.call("rollup", rollup.resume, self.store, *where)
+        ranges = [(topic, partition, self.rolled[(topic, partition)] + 1, last)
+                  for (topic, partition), last in sorted(self.landed_through.items())
+                  if last > self.rolled[(topic, partition)]]
+        if not ranges:
+            return
+        try:
+            await self.sink.call("rollup", rollup.roll_up, self.store, ranges, rows_at_fault=True)
+        except StoreRejected as exc:
+            log.error("store refused the rollup of %s into pool_minute: %s", ranges, exc)
+            metrics.ROLLUPS.labels("failed").inc()
+            return
+        metrics.ROLLUPS.labels("ok").inc()
+        for topic, partition, _, last in ranges:
+            self.rolled[(topic, partition)] = last
 
     async def _land_dead_letters(self, rows: list[bytes], token: str) -> None:
         """Dead-letter rows; one the store refuses (it should not: they are built to land) is counted and
@@ -201,6 +239,12 @@ class BlockSink:
         verdicts, refused, rows_held = await self.sink.call(
             "resume", positions.replay_verdicts, self.store, table, topic, partition, last) if last else ({}, {}, False)
         self.cursors[where] = PartitionCursor(landed, last, others, verdicts, refused, rows_held)
+        if table == rollup.SOURCE_TABLE:   # what is landed already; rolled up from the store's last rollup on
+            self.rolled[where] = await self.sink.call("resume", rollup.resume, self.store, topic, partition)
+            through = committed - 1
+            if landed and landed[0][0] <= committed:
+                through = max(through, landed[0][1])
+            self.landed_through[where] = through
         if landed:
             log.info("landing resumes %s/%d at %d; the store holds %d offset run(s) after it, up to %d",
                      topic, partition, committed, len(landed), landed[-1][1])
@@ -208,6 +252,6 @@ class BlockSink:
     def forget(self, topic: str, partition: int) -> None:
         """A revoked partition's state goes; its next owner rebuilds it from the store."""
         where = (topic, partition)
-        for state in (self.cursors, self.recent_ids, self.open_blocks):
+        for state in (self.cursors, self.recent_ids, self.open_blocks, self.landed_through, self.rolled):
             state.pop(where, None)
         self._due = [b for b in self._due if (b.topic, b.partition) != where]

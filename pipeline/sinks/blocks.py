@@ -183,7 +183,7 @@ class PartitionCursor:
     ``replay`` (start, end) is the last block the store holds after the
     committed offset: its records are held until the block is complete and
     re-sent on exactly its old boundaries, unfiltered, so its inserts repeat
-    their tokens (a crash may have cut it between a table and its view), and
+    their tokens (a crash may have cut it between its tables), and
     with its dead letters as it first landed (``replay_verdicts``, source
     offset → the reason and time of its dead letter in the store). The
     other records whose offsets the store holds (``landed``, from

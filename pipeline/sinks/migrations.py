@@ -61,6 +61,10 @@ RETAINED_TABLES = {  # table → the time column its TTL counts from
     "pool_minute": "minute",
 }
 
+# what must be on disk before an insert returns: the landed tables, and each partition's last rollup (kept
+# forever: it is one row a partition, and without it a partition's rollups would start again at offset 0)
+DURABLE_TABLES = (*RETAINED_TABLES, "pool_minute_rollups")
+
 
 def apply_retention(store: Store, days: int) -> list[str]:
     """Make each landed table's TTL match ``retention_days`` (0: keep forever); returns tables changed.
@@ -86,11 +90,12 @@ def apply_retention(store: Store, days: int) -> list[str]:
 
 
 def apply_durability(store: Store, fsync: bool) -> list[str]:
-    """Each landed table (and the view's target) fsyncs a part and its directory before an insert returns,
-    or not. With it, "durable" before the offset commit means on disk, not in the page cache."""
+    """Each landed table, and the record of the rollups, fsyncs a part and its directory before an insert
+    returns, or not. With it, "durable" before the offset commit means on disk, not in the page cache, and a
+    rollup's record is on disk before its rows (a host crash cannot lose the record of rows that stay)."""
     wanted = 1 if fsync else 0
     changed = []
-    for table in RETAINED_TABLES:
+    for table in DURABLE_TABLES:
         rows = store.query(f"SELECT create_table_query AS q FROM system.tables "
                            f"WHERE database = currentDatabase() AND name = '{table}'")
         have = 1 if rows and re.search(r"\bfsync_after_insert = 1\b", rows[0]["q"]) else 0

@@ -9,9 +9,8 @@ or in ``dead_letters`` (every record becomes exactly one of those rows, or
 none when it was a re-sent duplicate) and skips those records, whatever the
 boundaries the blocks had — except the last block landed after the committed
 offset, which is re-sent whole on its old boundaries with its old token: a
-crash can cut an insert between its table and a materialized view
-(``pool_minute``), and only a repeat of the same insert repairs the view
-(the table drops it as a duplicate, the view inserts what it missed).
+crash can cut a block between its dead letters and its rows, and the same
+inserts again land what is missing and drop what is not.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from .store import Store
 Ranges = list[tuple[int, int]]  # inclusive offset ranges, ascending and disjoint
 
 
-def _where(topic: str, partition: int) -> str:
+def partition_filter(topic: str, partition: int) -> str:
     if "'" in topic or "\\" in topic:
         raise ValueError(f"unexpected topic name {topic!r}")
     return f"source_topic = '{topic}' AND source_partition = {int(partition)}"
@@ -33,7 +32,7 @@ def landed_ranges(store: Store, table: str, topic: str, partition: int, since: i
     """Source offsets at or after ``since`` that the store holds (in ``table`` or as dead letters),
     as runs of consecutive offsets: normally one run, from the last commit to the newest landed row.
     Rows of the block starting at ``except_block`` (the one replayed whole) are left out."""
-    where = f"{_where(topic, partition)} AND source_offset >= {int(since)}"
+    where = f"{partition_filter(topic, partition)} AND source_offset >= {int(since)}"
     if except_block is not None:
         where += f" AND block_start != {int(except_block)}"
     rows = store.query(
@@ -47,8 +46,8 @@ def landed_ranges(store: Store, table: str, topic: str, partition: int, since: i
 
 def last_block(store: Store, table: str, topic: str, partition: int, since: int) -> tuple[int, int] | None:
     """The landed block with the highest start at or after offset ``since``, as (start, end): the one a
-    crash may have cut between its tables, or between a table and its materialized view."""
-    where = f"{_where(topic, partition)} AND block_start >= {int(since)}"
+    crash may have cut between its tables."""
+    where = f"{partition_filter(topic, partition)} AND block_start >= {int(since)}"
     rows = store.query(
         f"SELECT block_start, max(block_end) AS block_end FROM ("
         f"SELECT block_start, block_end FROM {table} WHERE {where} "
@@ -64,7 +63,7 @@ def replay_verdicts(store: Store, table: str, topic: str, partition: int,
     refused then (those decode as rows again, and are refused again), and whether ``table`` holds its rows
     (then every record of it is a row or a dead letter already)."""
     start, end = int(block[0]), int(block[1])
-    where = f"{_where(topic, partition)} AND source_offset BETWEEN {start} AND {end} AND block_start = {start}"
+    where = f"{partition_filter(topic, partition)} AND source_offset BETWEEN {start} AND {end} AND block_start = {start}"
     held, = store.query(f"SELECT count() > 0 AS held FROM {table} WHERE {where}")
     rows = store.query(
         "SELECT source_offset, any(reason) AS first_reason, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
@@ -86,6 +85,6 @@ def recent_ids(store: Store, table: str, topic: str, partition: int, limit: int,
         return []
     bound = f" AND source_offset < {int(before)}" if before is not None else ""
     rows = store.query(
-        f"SELECT toString(event_id) AS id FROM {table} WHERE {_where(topic, partition)}{bound} "
+        f"SELECT toString(event_id) AS id FROM {table} WHERE {partition_filter(topic, partition)}{bound} "
         f"ORDER BY source_offset DESC LIMIT {int(limit)}")
     return [r["id"] for r in reversed(rows)]

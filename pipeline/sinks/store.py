@@ -60,8 +60,8 @@ CODE = re.compile(r"Code: (\d+)")
 # Every insert skips the merge a ReplacingMergeTree otherwise runs on each new part (optimize_on_insert):
 # it only drops rows repeating a sorting key within one block, which the sink has already dropped (recent
 # event ids, when dedup_recent_ids >= sink_block_rows); a repeat that gets past it waits for a background
-# merge, as a repeat in another block always did, and the views are fed the block before that merge
-# anyway. It cost about a tenth of a landing insert (docs/performance.md, session 18).
+# merge, as a repeat in another block always did (the per-minute rollup takes each source offset once).
+# It cost about a tenth of a landing insert (docs/performance.md, session 18).
 INSERT_SETTINGS = {"optimize_on_insert": 0}
 
 

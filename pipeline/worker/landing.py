@@ -25,6 +25,7 @@ from .consumer import BatchLoop, commit
 from .stall_watch import send_all
 
 log = logging.getLogger(__name__)
+CLOSING_ROLLUP_S = 5.0   # the longest shutdown waits for the last rollup
 
 
 class LandingConsumer(BatchLoop):
@@ -51,9 +52,16 @@ class LandingConsumer(BatchLoop):
             self.store_ok = True
 
     async def close(self) -> None:
-        """At shutdown: stop holding on the store (nothing more lands), then close it."""
+        """At shutdown: stop holding on the store (nothing more lands), roll what landed up into
+        ``pool_minute`` (a store that is down or slow is not waited for: the next owner rolls it up),
+        then close the store."""
         if self.sink is not None:
             self.sink.sink.closing = True
+            try:
+                await asyncio.wait_for(self.sink.roll_up(force=True), CLOSING_ROLLUP_S)
+            except (asyncio.TimeoutError, StoreUnavailable) as exc:
+                log.warning("pool_minute not rolled up at shutdown (%s); the partitions' next owner will",
+                            type(exc).__name__)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 

@@ -11,6 +11,7 @@ import pytest
 from pipeline.cost import price_table
 from pipeline.sim.producer import produce
 from pipeline.sim.replay import generate, load_trace
+from pipeline.sinks.rollup import PENDING_SQL
 from pipeline.worker_process import worker_env
 from tests.conftest import run, wait_for
 from tests.cost_reference import TERMINAL, cache_savings, cached, cost_per_successful_task, quantile_bounds
@@ -26,6 +27,12 @@ def sluice_report(settings, *args):
                           capture_output=True, text=True, timeout=60)
 
 
+def pending(settings) -> int:
+    out = sluice_query(settings, PENDING_SQL, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)[0]["pending"]
+
+
 def test_cost_and_latency_views_match_an_independent_computation(settings, worker_factory):
     events = list(generate(load_trace(), rate=8, seconds=600, seed=5, start_ms=START_MS))
     requests = [e.event for e in events if e.kind == "request"]
@@ -33,6 +40,8 @@ def test_cost_and_latency_views_match_an_independent_computation(settings, worke
     worker = worker_factory().start()
     run(produce(settings, settings.kafka_bootstrap_servers, events, paced=False))
     wait_for(lambda: worker.counts().accepted >= len(events), 120, message="every event to land")
+    wait_for(lambda: pending(worker.settings) == 0, 30,
+             message="pool_minute to roll up every terminal attempt (sink_rollup_interval_s)")
 
     view = sluice_query(worker.settings, "SELECT pool, tenant, toUnixTimestamp(hour) * 1000 AS hour_ms, "
                         "fleet_cost_usd, waste_cost_usd, completed_tasks, successful_tasks, "
