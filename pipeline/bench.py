@@ -387,10 +387,12 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path, rollup_interval_s:
             store.insert("request_events", payload, token)
             landed = last
             if time.perf_counter() - rolled_at >= rollup_interval_s:
-                rollup.roll_up(store, [("bench", 0, rolled + 1, landed)])
+                ranges = [("bench", 0, rolled + 1, landed)]
+                rollup.roll_up(store, ranges, rollup.token(ranges))
                 rollups, rolled, rolled_at = rollups + 1, landed, time.perf_counter()
         if landed > rolled:
-            rollup.roll_up(store, [("bench", 0, rolled + 1, landed)])
+            ranges = [("bench", 0, rolled + 1, landed)]
+            rollup.roll_up(store, ranges, rollup.token(ranges))
             rollups += 1
         sink_s = time.perf_counter() - started
         landed_rows, = store.query("SELECT count() AS n FROM request_events")

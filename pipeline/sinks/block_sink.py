@@ -47,8 +47,10 @@ class BlockSink:
         self._due: list[BlockOutcome] = []
         self._landing: asyncio.Task | None = None
         self.landed_through: dict[Where, int] = {}   # request partitions: every offset up to here is in the store
-        self.rolled: dict[Where, int] = {}           # ... and up to here in pool_minute (-1: none)
+        self.rolled: dict[Where, int] = {}           # ... and up to here in a rollup (-1: none)
+        self.rollups: list[tuple[list[rollup.Range], str]] = []   # recorded or about to be: run as they are
         self._rolled_at = time.monotonic()
+        self._rollup_failures = 0
         self._rolling = asyncio.Lock()   # one rollup at a time: two over the same offsets would both count
 
     @property
@@ -138,32 +140,63 @@ class BlockSink:
 
     async def roll_up(self, force: bool) -> None:
         """Roll what landed since the last rollup up into ``pool_minute``, every ``sink_rollup_interval_s``
-        (at once with ``force``: a revocation hands the partitions over rolled up). A partition's first
-        rollup here runs its last one again (``rollup.resume``). A rollup the store keeps refusing is
-        logged and counted; landing goes on, and the next rollup takes the same offsets again."""
+        (at once with ``force``: a revocation hands the partitions over rolled up, a stop leaves nothing
+        behind). A rollup the store keeps refusing is logged and counted, and tried again as it was after
+        twice the wait each time (up to 64 intervals); landing goes on meanwhile."""
         async with self._rolling:
             now = time.monotonic()
-            if force or now - self._rolled_at >= self.settings.sink_rollup_interval_s:
+            wait = self.settings.sink_rollup_interval_s * 2 ** min(self._rollup_failures, 6)
+            if force or now - self._rolled_at >= wait:
                 self._rolled_at = now
-                await self._roll_up()
+                try:
+                    await self._roll_up()
+                except StoreRejected as exc:
+                    self._rollup_failures += 1
+                    log.error("store refused a rollup into pool_minute (%d in a row): %s", self._rollup_failures, exc)
+                    metrics.ROLLUPS.labels("failed").inc()
 
     async def _roll_up(self) -> None:
-        for where in self.landed_through.keys() - self.rolled.keys():
-            self.rolled[where] = await self.sink.call("rollup", rollup.resume, self.store, *where)
-        ranges = [(topic, partition, self.rolled[(topic, partition)] + 1, last)
-                  for (topic, partition), last in sorted(self.landed_through.items())
-                  if last > self.rolled[(topic, partition)]]
-        if not ranges:
-            return
-        try:
-            await self.sink.call("rollup", rollup.roll_up, self.store, ranges, rows_at_fault=True)
-        except StoreRejected as exc:
-            log.error("store refused the rollup of %s into pool_minute: %s", ranges, exc)
-            metrics.ROLLUPS.labels("failed").inc()
-            return
-        metrics.ROLLUPS.labels("ok").inc()
-        for topic, partition, _, last in ranges:
-            self.rolled[(topic, partition)] = last
+        """Rollups left from before (run as they were), then one of what landed since."""
+        fresh = False
+        while not fresh:
+            if not self.rollups:
+                fresh = await self._plan()
+            await self._run_queued()
+
+    async def _run_queued(self) -> None:
+        while self.rollups:
+            ranges, dedup_token = self.rollups[0]
+            await self.sink.call("rollup", rollup.roll_up, self.store, ranges, dedup_token, rows_at_fault=True)
+            self.rollups.pop(0)
+            self._rollup_failures = 0
+            metrics.ROLLUPS.labels("ok").inc()
+            for topic, partition, _, last in ranges:
+                if (topic, partition) in self.landed_through:
+                    self.rolled[(topic, partition)] = max(self.rolled.get((topic, partition), -1), last)
+
+    async def _plan(self) -> bool:
+        """The next rollup: first any rollup of these partitions found recorded and not landed (a crash, a
+        cancellation, or a refusal by their last owner), as it was (False); else what landed since each
+        partition's last rollup (True). The store's record is read every time, so an owner that got further
+        (a worker that lost a partition without knowing it yet is behind it) fences this one off."""
+        wheres = sorted(self.landed_through)
+        stored = await self.sink.call("rollup", rollup.last_rollups, self.store, wheres, rows_at_fault=True)
+        for where in wheres:
+            last = stored.get(where)
+            if last is None:
+                self.rolled.setdefault(where, -1)
+                continue
+            if not last.landed and last.token not in {t for _, t in self.rollups}:
+                ranges = await self.sink.call("rollup", rollup.recorded, self.store, last.token, rows_at_fault=True)
+                if ranges:
+                    self.rollups.append((ranges, last.token))
+            self.rolled[where] = max(self.rolled.get(where, -1), last.last_offset)
+        if self.rollups:
+            return False
+        ranges = rollup.plan(self.rolled, self.landed_through)
+        if ranges:
+            self.rollups.append((ranges, rollup.token(ranges)))
+        return True
 
     async def _land_dead_letters(self, rows: list[bytes], token: str) -> None:
         """Dead-letter rows; one the store refuses (it should not: they are built to land) is counted and
@@ -239,8 +272,8 @@ class BlockSink:
         verdicts, refused, rows_held = await self.sink.call(
             "resume", positions.replay_verdicts, self.store, table, topic, partition, last) if last else ({}, {}, False)
         self.cursors[where] = PartitionCursor(landed, last, others, verdicts, refused, rows_held)
-        if table == rollup.SOURCE_TABLE:   # what is landed already; rolled up from the store's last rollup on
-            self.rolled[where] = await self.sink.call("resume", rollup.resume, self.store, topic, partition)
+        if table == rollup.SOURCE_TABLE:   # what is in the store already; its rollups go on from the store's record
+            self.rolled.pop(where, None)
             through = committed - 1
             if landed and landed[0][0] <= committed:
                 through = max(through, landed[0][1])

@@ -6,20 +6,24 @@ view's query each time: about a quarter of the landing path's time at
 about once a second (``sink_rollup_interval_s``), every source offset its
 partitions have landed since their last rollup, in one ``INSERT … SELECT``.
 
-Exactly once rests on two inserts in order. First the rollup's *ranges* go
-to ``pool_minute_rollups`` (per source partition: first and last offset, and
-the rollup's token); then ``pool_minute`` gets the aggregate, under that
-token. A partition's next owner reads its last rollup and runs it again
-before its own: the token drops it if it had landed, and lands it if a crash
-came between the two inserts. Every offset of a range is landed before the
-range is written, so a rollup run again reads the same rows (a row landed
-twice by offset counts once), and its parts, one per month the rows touch,
-come out in the same order under the same tokens.
+Exactly once rests on three inserts in order, each idempotent under the
+rollup's token: the rollup's *ranges* go to ``pool_minute_rollups`` (per
+source partition: first and last offset, the token, not landed), then
+``pool_minute`` gets the aggregate under that token, then the ranges are
+marked landed. A rollup whose outcome is unknown (refused, cancelled, cut by
+a crash) is run again as it was, never widened, until it lands: by the same
+worker, or by a partition's next owner, which finds it recorded and not
+landed. A landed rollup is never run again, so the deduplication window only
+has to outlast the retries, not an idle partition. Every offset of a range
+is landed before the range is recorded, so a rollup run again reads the same
+rows (an offset landed twice counts once), and its parts, one per month its
+rows touch, come out in the same order under the same tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import orjson
 
@@ -31,6 +35,8 @@ from .store import INSERT_SETTINGS, Store, StoreUnavailable, insert_error
 ROLLUPS_TABLE = "pool_minute_rollups"
 SOURCE_TABLE = TABLE_OF[RequestEvent]
 TERMINAL_PHASES = ("completed", "failed", "rejected", "cancelled")
+MAX_OFFSETS = 1_000_000   # the most source offsets of one partition a rollup takes: a backlog rolls up in steps
+Where = tuple[str, int]             # source topic, partition
 Range = tuple[str, int, int, int]   # source topic, partition, first and last offset (inclusive)
 
 # What pool_minute holds per pool, priority class and minute (docs/storage.md): terminal attempts, their
@@ -57,10 +63,19 @@ AGGREGATES = """
 COLUMNS = ("pool, priority, event_time, phase, attempt, slo_ttft_s, ttft_s, slo_tpot_s, tpot_s, input_tokens, "
            "cached_input_tokens, output_tokens, duration_s, source_topic, source_partition, source_offset")
 
-
-# terminal attempts landed and not yet in pool_minute (0 once the rollups have caught up; a read-only query)
+# terminal attempts landed and not yet in pool_minute (0 once the rollups have caught up; below 0 where a
+# materialized view counted a twice-landed offset twice, before migration 005; a read-only query)
 PENDING_SQL = (f"SELECT toInt64((SELECT uniqExact(source_topic, source_partition, source_offset) FROM {SOURCE_TABLE} "
                f"WHERE phase IN {TERMINAL_PHASES})) - toInt64((SELECT sum(requests) FROM pool_minute)) AS pending")
+
+
+@dataclass(frozen=True)
+class Last:
+    """A partition's last recorded rollup."""
+
+    last_offset: int   # -1: none yet
+    token: str | None
+    landed: bool
 
 
 def token(ranges: list[Range]) -> str:
@@ -69,70 +84,71 @@ def token(ranges: list[Range]) -> str:
     return f"pool_minute:{digest}"
 
 
+def plan(rolled: dict[Where, int], landed_through: dict[Where, int], max_offsets: int = MAX_OFFSETS) -> list[Range]:
+    """The next rollup's ranges: each partition's offsets after its last rollup, up to where everything is in the
+    store, at most ``max_offsets`` of them. Pure."""
+    return [(topic, partition, rolled[(topic, partition)] + 1, min(last, rolled[(topic, partition)] + max_offsets))
+            for (topic, partition), last in sorted(landed_through.items())
+            if (topic, partition) in rolled and last > rolled[(topic, partition)]]
+
+
 def rollup_sql(ranges: list[Range], dedup_token: str) -> str:
     """One ``INSERT … SELECT`` of the ranges' terminal attempts into ``pool_minute``, each source offset once,
     its groups in a fixed order (so the parts of a rollup run again come out as they did)."""
+    _check(dedup_token)
     where = " OR ".join(f"({partition_filter(topic, partition)} AND source_offset BETWEEN {int(first)} AND {int(last)})"
                         for topic, partition, first, last in ranges)
     phases = ", ".join(f"'{phase}'" for phase in TERMINAL_PHASES)
     # no cap on the months one rollup touches: landing bounds event times, and a rollup refused for its
     # spread would be refused again every time, leaving pool_minute behind for good
-    settings = ", ".join(f"{name} = {value}" for name, value in {**INSERT_SETTINGS,
-                                                                  "max_partitions_per_insert_block": 0}.items())
-    return (f"INSERT INTO pool_minute SELECT {AGGREGATES}\n"
+    settings = {**INSERT_SETTINGS, "insert_deduplication_token": f"'{dedup_token}'",
+                "max_partitions_per_insert_block": 0}
+    return (f"INSERT INTO pool_minute SETTINGS {', '.join(f'{k} = {v}' for k, v in settings.items())}\n"
+            f"SELECT {AGGREGATES}\n"
             f"FROM (SELECT {COLUMNS} FROM {SOURCE_TABLE} WHERE phase IN ({phases}) AND ({where}) "
             f"LIMIT 1 BY source_topic, source_partition, source_offset)\n"
-            f"GROUP BY pool, priority, minute ORDER BY minute, pool, priority\n"
-            f"SETTINGS insert_deduplication_token = '{dedup_token}', {settings}")
+            f"GROUP BY pool, priority, minute ORDER BY minute, pool, priority")
 
 
-def roll_up(store: Store, ranges: list[Range]) -> str | None:
-    """Record the ranges, then roll them up; the rollup's token (None: nothing to roll up)."""
-    ranges = [r for r in ranges if r[3] >= r[2]]
-    if not ranges:
-        return None
-    dedup_token = token(ranges)
-    store.insert(ROLLUPS_TABLE, b"\n".join(orjson.dumps(
+def _records(ranges: list[Range], dedup_token: str, landed: bool) -> bytes:
+    return b"\n".join(orjson.dumps(
         {"source_topic": topic, "source_partition": partition, "first_offset": first, "last_offset": last,
-         "rollup": dedup_token}) for topic, partition, first, last in ranges), f"{ROLLUPS_TABLE}:{dedup_token}")
-    _insert(store, rollup_sql(ranges, dedup_token))
-    return dedup_token
+         "rollup": dedup_token, "landed": int(landed), "version": 2 * last + int(landed)})
+        for topic, partition, first, last in ranges)
 
 
-def last_rollup(store: Store, topic: str, partition: int) -> tuple[int, str | None]:
-    """The partition's last rolled-up offset (-1: none yet) and the token of the rollup that reached it."""
-    rows = store.query(f"SELECT max(last_offset) AS last, argMax(rollup, last_offset) AS rollup, count() AS n "
-                       f"FROM {ROLLUPS_TABLE} WHERE {partition_filter(topic, partition)}")
-    if not rows or not rows[0]["n"]:
-        return -1, None
-    return int(rows[0]["last"]), rows[0]["rollup"]
+def roll_up(store: Store, ranges: list[Range], dedup_token: str) -> None:
+    """Record the ranges, roll them up, mark them landed; each step is dropped if it was done before, so a
+    rollup whose outcome is unknown is run again by calling this again with the same arguments."""
+    store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, False), f"{ROLLUPS_TABLE}:{dedup_token}")
+    try:
+        store.command(rollup_sql(ranges, dedup_token))
+    except StoreUnavailable as exc:   # classified as an insert's error: an outage is held, the rest is unclassified
+        raise insert_error(exc) from exc
+    store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, True), f"{ROLLUPS_TABLE}:{dedup_token}:landed")
 
 
-def run_again(store: Store, dedup_token: str) -> None:
-    """Run a recorded rollup again under its token: a no-op if it landed, the rollup if a crash came first."""
+def last_rollups(store: Store, wheres: list[Where]) -> dict[Where, Last]:
+    """Each partition's last recorded rollup (partitions with none are left out)."""
+    if not wheres:
+        return {}
+    where = " OR ".join(f"({partition_filter(topic, partition)})" for topic, partition in wheres)
+    rows = store.query(f"SELECT source_topic, source_partition, max(last_offset) AS last_offset, "
+                       f"argMax(rollup, version) AS rollup, argMax(landed, version) AS landed "
+                       f"FROM {ROLLUPS_TABLE} WHERE {where} GROUP BY source_topic, source_partition")
+    return {(r["source_topic"], int(r["source_partition"])): Last(int(r["last_offset"]), r["rollup"], bool(r["landed"]))
+            for r in rows}
+
+
+def recorded(store: Store, dedup_token: str) -> list[Range]:
+    """A recorded rollup's ranges, to run it again."""
+    _check(dedup_token)
+    rows = store.query(f"SELECT DISTINCT source_topic, source_partition, first_offset, last_offset "
+                       f"FROM {ROLLUPS_TABLE} WHERE rollup = '{dedup_token}' ORDER BY source_topic, source_partition")
+    return [(r["source_topic"], int(r["source_partition"]), int(r["first_offset"]), int(r["last_offset"]))
+            for r in rows]
+
+
+def _check(dedup_token: str) -> None:
     if "'" in dedup_token or "\\" in dedup_token:
         raise ValueError(f"unexpected rollup token {dedup_token!r}")
-    rows = store.query(f"SELECT DISTINCT source_topic, source_partition, first_offset, last_offset "
-                       f"FROM {ROLLUPS_TABLE} WHERE rollup = '{dedup_token}'")
-    ranges = [(r["source_topic"], int(r["source_partition"]), int(r["first_offset"]), int(r["last_offset"]))
-              for r in rows if int(r["last_offset"]) >= int(r["first_offset"])]
-    if ranges:
-        _insert(store, rollup_sql(ranges, dedup_token))
-
-
-def _insert(store: Store, sql: str) -> None:
-    """An ``INSERT … SELECT``, its errors classified as an insert's: an outage is held, anything else is
-    unclassified (``ClickHouseSink.call`` turns it into ``StoreRejected`` if it persists)."""
-    try:
-        store.command(sql)
-    except StoreUnavailable as exc:
-        raise insert_error(exc) from exc
-
-
-def resume(store: Store, topic: str, partition: int) -> int:
-    """For a partition's new owner: its last rollup run again (see the module's docstring), and the last offset
-    rolled up."""
-    last, dedup_token = last_rollup(store, topic, partition)
-    if dedup_token is not None:
-        run_again(store, dedup_token)
-    return last

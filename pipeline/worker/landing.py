@@ -57,8 +57,9 @@ class LandingConsumer(BatchLoop):
         then close the store."""
         if self.sink is not None:
             self.sink.sink.closing = True
-            try:
-                await asyncio.wait_for(self.sink.roll_up(force=True), CLOSING_ROLLUP_S)
+            rolling = asyncio.ensure_future(self.sink.roll_up(force=True))
+            try:   # shielded: a rollup cut short here would leave its store call running in its thread
+                await asyncio.wait_for(asyncio.shield(rolling), CLOSING_ROLLUP_S)
             except (asyncio.TimeoutError, StoreUnavailable) as exc:
                 log.warning("pool_minute not rolled up at shutdown (%s); the partitions' next owner will",
                             type(exc).__name__)

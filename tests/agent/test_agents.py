@@ -26,6 +26,11 @@ class MemorySink:
     async def land(self, table, rows, dedup_token):
         self.rows.setdefault(table, []).extend(rows)
 
+    async def call(self, label, fn, *args, rows_at_fault=False):
+        """The store's other calls: the rollups into pool_minute (none recorded, so none found)."""
+        self.rows.setdefault(label, []).append(fn.__name__.encode())
+        return {} if fn.__name__ == "last_rollups" else None
+
 
 class PickySink(MemorySink):
     """Refuses as data (``StoreRejected``) every request-event insert holding a row ``refuses`` picks, and

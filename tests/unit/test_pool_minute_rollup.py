@@ -2,6 +2,7 @@
 
 import asyncio
 import shutil
+import threading
 
 import orjson
 import pytest
@@ -50,7 +51,7 @@ def records(first, n, partition=0, topic="raw"):
     """Request events of two pools, four classes and several phases, an hour apart from Jan 31 on."""
     out = []
     for i in range(first, first + n):
-        event = request_event(task_id=f"t-{i}", request_id=f"t-{i}-r1", phase=PHASES[i % len(PHASES)],
+        event = request_event(task_id=f"t-{partition}-{i}", request_id=f"t-{partition}-{i}-r1", phase=PHASES[i % len(PHASES)],
                               pool=("pool-a", "pool-b")[i % 2], attempt=1 + i % 3, ttft_s=0.05 * (i % 40),
                               event_time=JAN_31 + i * 3_600_000 // 4)
         out.append(Record(topic, partition, i, None, event["task_id"].encode(), orjson.dumps(event)))
@@ -62,18 +63,51 @@ def land(store, recs):
     store.insert("request_events", b"\n".join(block.landed_rows()), block.token("request_events"))
 
 
+def roll(store, ranges):
+    rollup.roll_up(store, ranges, rollup.token(ranges))
+
+
+def last(store, partition, topic="raw"):
+    return rollup.last_rollups(store, [(topic, partition)]).get((topic, partition))
+
+
+def terminal(store):
+    return sum(row["requests"] for row in store.query(MINUTE))
+
+
 def test_a_rollup_holds_what_its_rows_add_up_to_across_months_and_counts_once_however_often_it_runs(store):
     recs = records(0, 240)   # 60 hours from Jan 31: two months
     land(store, recs[:100])
     land(store, recs[100:])
-    first = rollup.roll_up(store, [("raw", 0, 0, 149)])
-    assert rollup.roll_up(store, [("raw", 0, 0, 149)]) == first   # run again: the token drops it
-    rollup.roll_up(store, [("raw", 0, 150, 239)])
-    rollup.roll_up(store, [("raw", 0, 240, 239)])   # an empty range is no rollup
+    roll(store, [("raw", 0, 0, 149)])
+    roll(store, [("raw", 0, 0, 149)])   # run again: every step dropped by its token
+    roll(store, [("raw", 0, 150, 239)])
     got = store.query(MINUTE)
-    assert got == store.query(DIRECT)
+    assert got == store.query(DIRECT) and terminal(store) == 200
     assert {row["minute"][:7] for row in got} == {"2026-01", "2026-02"}
-    assert rollup.last_rollup(store, "raw", 0)[0] == 239
+    assert last(store, 0) == rollup.Last(239, rollup.token([("raw", 0, 150, 239)]), True)
+
+
+def test_a_rollup_cut_between_its_months_is_completed_not_doubled(store, monkeypatch):
+    """A crash after the first month's part of a rollup and before the second's: run again as it was, the
+    first part is dropped by its token and the second lands."""
+    land(store, records(0, 240))
+    ranges = [("raw", 0, 0, 239)]
+    dedup_token = rollup.token(ranges)
+    january = rollup.rollup_sql(ranges, dedup_token).replace(
+        "WHERE phase IN", "WHERE toYYYYMM(event_time) = 202601 AND phase IN")
+    store.command(january)   # the same first part under the same token, as the cut insert left it
+    assert 0 < terminal(store) < 200
+    roll(store, ranges)
+    assert store.query(MINUTE) == store.query(DIRECT)
+
+
+def sink_for(store, **settings):
+    async def send(key, value):
+        pass
+
+    return BlockSink(load_settings(env={}, sink_block_age_s=0, max_event_age_s=0, **settings), store, send,
+                     ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.01))
 
 
 def test_a_rollup_cut_by_a_crash_is_finished_by_the_partitions_next_owner_and_only_once(store, monkeypatch):
@@ -88,13 +122,37 @@ def test_a_rollup_cut_by_a_crash_is_finished_by_the_partitions_next_owner_and_on
 
     monkeypatch.setattr(store, "command", crash)
     with pytest.raises(SystemExit):
-        rollup.roll_up(store, [("raw", 0, 0, 119), ("raw", 1, 0, 29)])
+        roll(store, [("raw", 0, 0, 119), ("raw", 1, 0, 29)])
     monkeypatch.setattr(store, "command", command)
-    assert store.query("SELECT count() AS n FROM pool_minute") == [{"n": 0}]
-    # partition 1's new owner runs the cut rollup again, then partition 0's: it lands once, whole
-    assert rollup.resume(store, "raw", 1) == 29
-    assert rollup.resume(store, "raw", 0) == 119
-    assert store.query(MINUTE) == store.query(DIRECT)
+    assert terminal(store) == 0 and not last(store, 1).landed
+
+    async def next_owners():   # partition 1's owner runs the cut rollup as it was, then partition 0's finds it landed
+        for partition, committed in ((1, 30), (0, 120)):
+            sink = sink_for(store, sink_rollup_interval_s=0)
+            await sink.resume(RequestEvent, "raw", partition, committed)
+            await sink.flush()
+
+    asyncio.run(next_owners())
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 125
+    assert last(store, 0).landed and last(store, 1).landed
+
+
+def test_a_landed_rollup_is_not_run_again_after_its_token_left_the_window(store):
+    """Partition 0 goes quiet; other partitions' rollups push its last token out of pool_minute's
+    deduplication window; its next owner must not run that rollup again."""
+    store.command("ALTER TABLE pool_minute MODIFY SETTING non_replicated_deduplication_window = 1")
+    land(store, records(0, 60))
+    land(store, records(0, 60, partition=1))
+    roll(store, [("raw", 0, 0, 59)])
+    roll(store, [("raw", 1, 0, 59)])
+
+    async def next_owner():
+        sink = sink_for(store, sink_rollup_interval_s=0)
+        await sink.resume(RequestEvent, "raw", 0, 60)
+        await sink.flush()
+
+    asyncio.run(next_owner())
+    assert terminal(store) == 100
 
 
 def test_each_source_offset_counts_once_though_landed_twice(store):
@@ -103,8 +161,8 @@ def test_each_source_offset_counts_once_though_landed_twice(store):
     recs = records(0, 60)
     land(store, recs[:40])
     land(store, recs[20:])
-    rollup.roll_up(store, [("raw", 0, 0, 59)])
-    assert store.query(MINUTE) == store.query(DIRECT)
+    roll(store, [("raw", 0, 0, 59)])
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
 
 
 def test_a_store_migrated_from_the_view_keeps_its_counts_and_rolls_up_what_lands_after(tmp_path):
@@ -122,21 +180,19 @@ def test_a_store_migrated_from_the_view_keeps_its_counts_and_rolls_up_what_lands
         assert migrate(old) == ["005_pool_minute_rolled_up"]
         assert old.query("SELECT name FROM system.tables WHERE name = 'pool_minute_mv'") == []
         assert old.query(MINUTE) == by_view
-        assert rollup.resume(old, "raw", 0) == 89 and rollup.resume(old, "raw", 3) == 11
-        assert rollup.resume(old, "raw", 7) == -1   # a partition with nothing landed starts at offset 0
+        assert last(old, 0) == rollup.Last(89, "migration-005", True) and last(old, 3).last_offset == 11
+        assert last(old, 7) is None   # a partition with nothing landed starts at offset 0
         land(old, records(90, 60))
-        rollup.roll_up(old, [("raw", 0, 90, 149)])
+
+        async def landing_goes_on():
+            sink = sink_for(old, sink_rollup_interval_s=0)
+            await sink.resume(RequestEvent, "raw", 0, 150)
+            await sink.flush()
+
+        asyncio.run(landing_goes_on())
         assert old.query(MINUTE) == old.query(DIRECT)
     finally:
         old.close()
-
-
-def sink_for(store, **settings):
-    async def send(key, value):
-        pass
-
-    return BlockSink(load_settings(env={}, sink_block_age_s=0, max_event_age_s=0, **settings), store, send,
-                     ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.01))
 
 
 def test_the_landing_sink_rolls_up_what_it_lands_and_its_next_owner_goes_on_from_there(store):
@@ -146,43 +202,106 @@ def test_the_landing_sink_rolls_up_what_it_lands_and_its_next_owner_goes_on_from
         sink.add(RequestEvent, records(0, 50), NOW_MS)
         assert await sink.flush() == {("raw", 0): 50}
         assert store.query(MINUTE) == store.query(DIRECT)
-        assert sum(row["requests"] for row in store.query(MINUTE)) == 42   # 50 minus the first-token events
+        assert terminal(store) == 42   # 50 minus the first-token events
         # the next owner, after a crash before the commit: it replays offsets 40-79 and lands 50-79
         sink = sink_for(store, sink_rollup_interval_s=60)
         await sink.resume(RequestEvent, "raw", 0, 40)
         sink.add(RequestEvent, records(40, 40), NOW_MS)
         await sink.flush()
-        assert rollup.last_rollup(store, "raw", 0)[0] == 49, "not due for a minute"
+        assert last(store, 0).last_offset == 49, "not due for a minute"
         await sink.flush([("raw", 0)])   # a revocation: handed over rolled up
-        assert rollup.last_rollup(store, "raw", 0)[0] == 79
+        assert last(store, 0).last_offset == 79
         assert store.query(MINUTE) == store.query(DIRECT)
 
     asyncio.run(scenario())
 
 
-def test_a_rollup_the_store_keeps_refusing_does_not_stop_landing_and_is_taken_up_again(store, monkeypatch):
+def refusing(store, monkeypatch):
+    """The store refuses inserts into pool_minute while ``on`` (an unclassified error: no outage)."""
     command = store.command
-    refusing = {"on": True}
+    state = {"on": True}
 
     def refuse(sql):
-        if refusing["on"] and sql.startswith("INSERT INTO pool_minute"):
+        if state["on"] and sql.startswith("INSERT INTO pool_minute"):
             raise StoreUnavailable("Code: 47. DB::Exception: Unknown identifier (simulated)", known_outage=False)
         command(sql)
 
     monkeypatch.setattr(store, "command", refuse)
-    failed = metrics.ROLLUPS.labels("failed")._value.get()
+    return state
+
+
+def test_a_rollup_the_store_keeps_refusing_does_not_stop_landing_and_is_run_again_as_it_was(store, monkeypatch):
+    refused = refusing(store, monkeypatch)
+    failed, ok = (metrics.ROLLUPS.labels(outcome)._value.get() for outcome in ("failed", "ok"))
 
     async def scenario():
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
         assert await sink.flush() == {("raw", 0): 30}
         assert metrics.ROLLUPS.labels("failed")._value.get() == failed + 1
-        assert rollup.last_rollup(store, "raw", 0)[0] == 29   # recorded, not inserted: the next one runs it
-        refusing["on"] = False
+        assert last(store, 0) == rollup.Last(29, rollup.token([("raw", 0, 0, 29)]), False)
+        refused["on"] = False
         sink.add(RequestEvent, records(30, 30), NOW_MS)
         assert await sink.flush() == {("raw", 0): 60}
+        assert metrics.ROLLUPS.labels("ok")._value.get() == ok + 2, "the refused rollup as it was, then 30-59"
+        assert sink.rollups == [] and last(store, 0) == rollup.Last(59, rollup.token([("raw", 0, 30, 59)]), True)
 
     asyncio.run(scenario())
     assert store.query("SELECT count() AS n FROM request_events") == [{"n": 60}]
-    assert store.query(MINUTE) == store.query(DIRECT)
-    assert sum(row["requests"] for row in store.query(MINUTE)) == 50
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
+
+
+def test_a_refused_rollup_landed_by_a_partitions_next_owner_is_not_counted_again_by_the_first(store, monkeypatch):
+    """Found in review: a rollup over partitions 0 and 1 is refused; partition 1 moves to another worker,
+    which runs the rollup as recorded (partition 0's range too); the first worker must not then count
+    partition 0's offsets again under a new token."""
+    refused = refusing(store, monkeypatch)
+
+    async def scenario():
+        first = sink_for(store, sink_rollup_interval_s=0)
+        first.add(RequestEvent, records(0, 30) + records(0, 30, partition=1), NOW_MS)
+        await first.flush()
+        await first.flush([("raw", 1)])   # revoked: the forced rollup is refused again
+        first.forget("raw", 1)
+        refused["on"] = False
+        second = sink_for(store, sink_rollup_interval_s=0)
+        await second.resume(RequestEvent, "raw", 1, 30)
+        await second.flush()
+        assert last(store, 0).landed and terminal(store) == 50
+        first.add(RequestEvent, records(30, 30), NOW_MS)
+        await first.flush([("raw", 0)])
+
+    asyncio.run(scenario())
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 75
+
+
+def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monkeypatch):
+    """Found in review: a cancelled rollup's store call goes on in its thread; the next rollup, after more
+    has landed, must not cover the same offsets under another token."""
+    command = store.command
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(sql):
+        if sql.startswith("INSERT INTO pool_minute") and not release.is_set():
+            entered.set()
+            release.wait(30)
+        command(sql)
+
+    monkeypatch.setattr(store, "command", slow)
+
+    async def scenario():
+        sink = sink_for(store, sink_rollup_interval_s=0)
+        sink.add(RequestEvent, records(0, 30), NOW_MS)
+        landing = sink.flush()
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        landing.cancel()   # a stop cancels the landing task while its rollup is in the store
+        sink.add(RequestEvent, records(30, 30), NOW_MS)
+        later = sink.flush()
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await later == {("raw", 0): 60}
+        await sink.flush([("raw", 0)])
+
+    asyncio.run(scenario())
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50

@@ -38,7 +38,10 @@ def roll_up_all(store):
     """As the landing worker does about once a second: each partition's landed offsets since its last rollup."""
     for r in store.query("SELECT source_topic AS t, source_partition AS p, max(source_offset) AS last "
                          "FROM request_events GROUP BY t, p"):
-        rollup.roll_up(store, [(r["t"], r["p"], rollup.resume(store, r["t"], r["p"]) + 1, r["last"])])
+        done = rollup.last_rollups(store, [(r["t"], r["p"])]).get((r["t"], r["p"]))
+        ranges = [(r["t"], r["p"], done.last_offset + 1 if done else 0, r["last"])]
+        if ranges[0][3] >= ranges[0][2]:
+            rollup.roll_up(store, ranges, rollup.token(ranges))
 
 
 def counts(store):
