@@ -39,8 +39,9 @@ DEAD_LETTERS_UNLANDABLE = Counter("sluice_dead_letters_unlandable_total",
                                   registry=REGISTRY)
 SINK_ROWS = Counter("sluice_sink_rows_total", "Rows landed in ClickHouse, by table.", ["table"], registry=REGISTRY)
 ROLLUPS = Counter("sluice_sink_rollups_total",
-                  "Rollups of landed request events into pool_minute, by outcome (ok, or failed: the store kept "
-                  "refusing one while it answered queries; the next rollup tries the same offsets again).",
+                  "Rollups of landed request events into pool_minute, by outcome: ok; failed (the store kept "
+                  "refusing one while it answered queries; it is tried again as it was); fenced (another owner "
+                  "had rolled up some of its offsets: planned again).",
                   ["outcome"], registry=REGISTRY)
 EVENTS_DUPLICATE = Counter("sluice_events_duplicate_total",
                            "Events dropped before landing because the same event_id was seen recently "

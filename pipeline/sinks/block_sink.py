@@ -154,6 +154,10 @@ class BlockSink:
                     self._rollup_failures += 1
                     log.error("store refused a rollup into pool_minute (%d in a row): %s", self._rollup_failures, exc)
                     metrics.ROLLUPS.labels("failed").inc()
+                except rollup.Fenced as exc:   # planned again from the store's record at the next rollup
+                    log.warning("a rollup into pool_minute was fenced off: %s", exc)
+                    self.rollups.pop(0)
+                    metrics.ROLLUPS.labels("fenced").inc()
 
     async def _roll_up(self) -> None:
         """Rollups left from before (run as they were), then one of what landed since."""
@@ -184,9 +188,11 @@ class BlockSink:
         for where in wheres:
             last = stored.get(where)
             if last is None:
-                self.rolled.setdefault(where, -1)
+                if where not in self.rolled:   # nothing rolled up: from the first offset the store holds
+                    first = await self.sink.call("rollup", rollup.first_landed, self.store, *where, rows_at_fault=True)
+                    self.rolled[where] = -1 if first is None else first - 1
                 continue
-            if not last.landed and last.token not in {t for _, t in self.rollups}:
+            if not last.landed:
                 ranges = await self.sink.call("rollup", rollup.recorded, self.store, last.token, rows_at_fault=True)
                 if ranges:
                     self.rollups.append((ranges, last.token))
@@ -287,4 +293,7 @@ class BlockSink:
         where = (topic, partition)
         for state in (self.cursors, self.recent_ids, self.open_blocks, self.landed_through, self.rolled):
             state.pop(where, None)
+        # a queued rollup over it: recorded, its next owner runs it (and this worker's next plan finds it
+        # again for its other partitions); not yet recorded, nothing of it landed
+        self.rollups = [(ranges, t) for ranges, t in self.rollups if all((r[0], r[1]) != where for r in ranges)]
         self._due = [b for b in self._due if (b.topic, b.partition) != where]

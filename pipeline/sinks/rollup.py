@@ -22,22 +22,25 @@ rows touch, come out in the same order under the same tokens.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import orjson
 
 from ..events import RequestEvent
 from .blocks import TABLE_OF
 from .positions import partition_filter
-from .store import INSERT_SETTINGS, Store, StoreUnavailable, insert_error
+from .store import INSERT_SETTINGS, Store, StoreUnavailable
 
 ROLLUPS_TABLE = "pool_minute_rollups"
 SOURCE_TABLE = TABLE_OF[RequestEvent]
 TERMINAL_PHASES = ("completed", "failed", "rejected", "cancelled")
-MAX_OFFSETS = 1_000_000   # the most source offsets of one partition a rollup takes: a backlog rolls up in steps
+MAX_OFFSETS = 1_000_000   # the most source offsets one rollup takes, over all its partitions: a backlog rolls up in steps
 Where = tuple[str, int]             # source topic, partition
 Range = tuple[str, int, int, int]   # source topic, partition, first and last offset (inclusive)
+T = TypeVar("T")
 
 # What pool_minute holds per pool, priority class and minute (docs/storage.md): terminal attempts, their
 # SLO and token counts, and mergeable latency states.
@@ -69,6 +72,22 @@ PENDING_SQL = (f"SELECT toInt64((SELECT uniqExact(source_topic, source_partition
                f"WHERE phase IN {TERMINAL_PHASES})) - toInt64((SELECT sum(requests) FROM pool_minute)) AS pending")
 
 
+def unclassified(fn: Callable[..., T]) -> Callable[..., T]:
+    """The rollup's store calls raise every error as unclassified (``StoreUnavailable(known_outage=False)``):
+    held while the store does not answer, refused by ``ClickHouseSink.call`` if it persists while the store
+    answers — a rollup too large for the server's limits, or a schema it does not know, must not hold
+    landing forever."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except StoreUnavailable as exc:
+            if not exc.known_outage:
+                raise
+            raise StoreUnavailable(str(exc), known_outage=False) from exc
+    return call
+
+
 @dataclass(frozen=True)
 class Last:
     """A partition's last recorded rollup."""
@@ -84,12 +103,20 @@ def token(ranges: list[Range]) -> str:
     return f"pool_minute:{digest}"
 
 
+class Fenced(Exception):
+    """Another owner rolled up some of a rollup's offsets first: it must not land, and is planned again."""
+
+
 def plan(rolled: dict[Where, int], landed_through: dict[Where, int], max_offsets: int = MAX_OFFSETS) -> list[Range]:
     """The next rollup's ranges: each partition's offsets after its last rollup, up to where everything is in the
-    store, at most ``max_offsets`` of them. Pure."""
-    return [(topic, partition, rolled[(topic, partition)] + 1, min(last, rolled[(topic, partition)] + max_offsets))
-            for (topic, partition), last in sorted(landed_through.items())
-            if (topic, partition) in rolled and last > rolled[(topic, partition)]]
+    store, at most ``max_offsets`` of them in all. Pure."""
+    ranges = []
+    for (topic, partition), last in sorted(landed_through.items()):
+        first = rolled.get((topic, partition), last) + 1
+        take = min(last - first + 1, max_offsets - sum(r[3] - r[2] + 1 for r in ranges))
+        if take > 0:
+            ranges.append((topic, partition, first, first + take - 1))
+    return ranges
 
 
 def rollup_sql(ranges: list[Range], dedup_token: str) -> str:
@@ -117,29 +144,60 @@ def _records(ranges: list[Range], dedup_token: str, landed: bool) -> bytes:
         for topic, partition, first, last in ranges)
 
 
+@unclassified
 def roll_up(store: Store, ranges: list[Range], dedup_token: str) -> None:
     """Record the ranges, roll them up, mark them landed; each step is dropped if it was done before, so a
-    rollup whose outcome is unknown is run again by calling this again with the same arguments."""
+    rollup whose outcome is unknown is run again by calling this again with the same arguments. First the
+    partitions' records are read: a rollup already landed (by a partition's next owner, while this worker
+    was held) stops here, and one whose offsets another owner has recorded a rollup over raises ``Fenced``
+    (found recorded, two owners planned it at once: it is marked done, never to run, and logged)."""
+    stored = last_rollups(store, sorted({(r[0], r[1]) for r in ranges}))
+    if _landed(store, dedup_token):
+        return
+    for topic, partition, first, _ in ranges:
+        last = stored.get((topic, partition))
+        if last is not None and last.token != dedup_token and last.last_offset >= first:
+            if recorded(store, dedup_token):
+                store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, True), f"{ROLLUPS_TABLE}:{dedup_token}:landed")
+            raise Fenced(f"{topic}/{partition} is rolled up to {last.last_offset} by {last.token}")
     store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, False), f"{ROLLUPS_TABLE}:{dedup_token}")
-    try:
-        store.command(rollup_sql(ranges, dedup_token))
-    except StoreUnavailable as exc:   # classified as an insert's error: an outage is held, the rest is unclassified
-        raise insert_error(exc) from exc
+    store.command(rollup_sql(ranges, dedup_token))
     store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, True), f"{ROLLUPS_TABLE}:{dedup_token}:landed")
 
 
+def _landed(store: Store, dedup_token: str) -> bool:
+    _check(dedup_token)
+    row, = store.query(f"SELECT count() > 0 AS done FROM {ROLLUPS_TABLE} "
+                       f"WHERE rollup = '{dedup_token}' AND landed = 1")
+    return bool(row["done"])
+
+
+@unclassified
+def first_landed(store: Store, topic: str, partition: int) -> int | None:
+    """The partition's first source offset in the event table (None: none): where a partition with no
+    rollup recorded starts, not at offset 0 of a topic that held records before this store."""
+    row, = store.query(f"SELECT min(source_offset) AS first, count() AS n FROM {SOURCE_TABLE} "
+                       f"WHERE {partition_filter(topic, partition)}")
+    return int(row["first"]) if row["n"] else None
+
+
+
+
+@unclassified
 def last_rollups(store: Store, wheres: list[Where]) -> dict[Where, Last]:
     """Each partition's last recorded rollup (partitions with none are left out)."""
     if not wheres:
         return {}
     where = " OR ".join(f"({partition_filter(topic, partition)})" for topic, partition in wheres)
     rows = store.query(f"SELECT source_topic, source_partition, max(last_offset) AS last_offset, "
-                       f"argMax(rollup, version) AS rollup, argMax(landed, version) AS landed "
+                       f"argMax((rollup, landed), version) AS newest "
                        f"FROM {ROLLUPS_TABLE} WHERE {where} GROUP BY source_topic, source_partition")
-    return {(r["source_topic"], int(r["source_partition"])): Last(int(r["last_offset"]), r["rollup"], bool(r["landed"]))
+    return {(r["source_topic"], int(r["source_partition"])): Last(int(r["last_offset"]), r["newest"][0],
+                                                                  bool(r["newest"][1]))
             for r in rows}
 
 
+@unclassified
 def recorded(store: Store, dedup_token: str) -> list[Range]:
     """A recorded rollup's ranges, to run it again."""
     _check(dedup_token)

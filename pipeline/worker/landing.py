@@ -58,6 +58,7 @@ class LandingConsumer(BatchLoop):
         if self.sink is not None:
             self.sink.sink.closing = True
             rolling = asyncio.ensure_future(self.sink.roll_up(force=True))
+            rolling.add_done_callback(lambda task: task.cancelled() or task.exception())   # no unread error
             try:   # shielded: a rollup cut short here would leave its store call running in its thread
                 await asyncio.wait_for(asyncio.shield(rolling), CLOSING_ROLLUP_S)
             except (asyncio.TimeoutError, StoreUnavailable) as exc:

@@ -293,7 +293,9 @@ def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monk
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
         landing = sink.flush()
+        deadline = asyncio.get_running_loop().time() + 10
         while not entered.is_set():
+            assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
             await asyncio.sleep(0.01)
         landing.cancel()   # a stop cancels the landing task while its rollup is in the store
         sink.add(RequestEvent, records(30, 30), NOW_MS)
@@ -305,3 +307,67 @@ def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monk
 
     asyncio.run(scenario())
     assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
+
+
+def test_a_rollup_planned_before_another_owner_rolled_up_its_offsets_is_fenced_off(store):
+    """Found in review: a worker plans a rollup, is held (an outage), loses partition 0 without knowing it;
+    the new owner rolls partition 0 up; when the first worker's rollup finally runs it must not land."""
+    land(store, records(0, 60))
+    land(store, records(0, 30, partition=1))
+    roll(store, [("raw", 0, 0, 29)])
+
+    async def scenario():
+        held = sink_for(store, sink_rollup_interval_s=0)
+        await held.resume(RequestEvent, "raw", 0, 60)
+        await held.resume(RequestEvent, "raw", 1, 30)
+        planned = [("raw", 0, 30, 59), ("raw", 1, 0, 29)]
+        held.rollups.append((planned, rollup.token(planned)))   # planned before the outage held it
+        roll(store, [("raw", 0, 30, 59)])                        # the new owner of partition 0
+        fenced = metrics.ROLLUPS.labels("fenced")._value.get()
+        await held.flush()
+        assert metrics.ROLLUPS.labels("fenced")._value.get() == fenced + 1
+        await held.flush()   # the next rollup plans again from the store's record
+        assert last(store, 1).last_offset == 29 and last(store, 1).landed, "planned again: partition 1 alone"
+
+    asyncio.run(scenario())
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 75
+
+
+def test_a_recorded_rollup_over_offsets_another_owner_rolled_up_is_marked_done_not_doubled(store):
+    """Two owners that planned at the same instant: one rolled up offsets 30-59, the other recorded a rollup
+    over 30-44 too. Run, it is fenced off and marked done; run again, it does nothing."""
+    land(store, records(0, 60))
+    roll(store, [("raw", 0, 0, 29)])
+    roll(store, [("raw", 0, 30, 59)])
+    other = [("raw", 0, 30, 44)]
+    store.insert(rollup.ROLLUPS_TABLE, rollup._records(other, "pool_minute:other", False), "other-recorded")
+    with pytest.raises(rollup.Fenced):
+        rollup.roll_up(store, other, "pool_minute:other")
+    try:   # marked done (nothing to do), or its record merged away under the newer one (fenced off again)
+        rollup.roll_up(store, other, "pool_minute:other")
+    except rollup.Fenced:
+        pass
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
+
+
+def test_a_partition_with_no_rollup_starts_at_the_first_offset_the_store_holds(store):
+    """A new store on a topic whose log starts far from 0 (retention): the first rollup does not walk a
+    million empty offsets at a time from 0."""
+    land(store, [r._replace(offset=r.offset + 5_000_000) for r in records(0, 30)])
+
+    async def scenario():
+        sink = sink_for(store, sink_rollup_interval_s=0)
+        await sink.resume(RequestEvent, "raw", 0, 5_000_030)
+        await sink.flush()
+
+    asyncio.run(scenario())
+    assert last(store, 0).last_offset == 5_000_029 and terminal(store) == 25
+    assert rollup.recorded(store, last(store, 0).token) == [("raw", 0, 5_000_000, 5_000_029)]
+
+
+def test_a_rollup_takes_at_most_a_million_offsets_over_all_its_partitions():
+    rolled = {("raw", 0): -1, ("raw", 1): 99, ("raw", 2): 500}
+    landed = {("raw", 0): 1_999_999, ("raw", 1): 199, ("raw", 2): 500, ("raw", 3): 7}
+    assert rollup.plan(rolled, landed) == [("raw", 0, 0, 999_999)]
+    assert rollup.plan(rolled, landed, max_offsets=1_000_100) == [("raw", 0, 0, 1_000_099)]
+    assert rollup.plan({("raw", 0): 1_999_999, ("raw", 1): 99}, landed) == [("raw", 1, 100, 199)]
