@@ -95,6 +95,7 @@ class Last:
     last_offset: int   # -1: none yet
     token: str | None
     landed: bool
+    token_landed: bool = False   # the rollup asked about (``last_rollups``'s ``dedup_token``) is marked landed here
 
 
 def token(ranges: list[Range]) -> str:
@@ -151,8 +152,8 @@ def roll_up(store: Store, ranges: list[Range], dedup_token: str) -> None:
     partitions' records are read: a rollup already landed (by a partition's next owner, while this worker
     was held) stops here, and one whose offsets another owner has recorded a rollup over raises ``Fenced``
     (found recorded, two owners planned it at once: it is marked done, never to run, and logged)."""
-    stored = last_rollups(store, sorted({(r[0], r[1]) for r in ranges}))
-    if _landed(store, dedup_token):
+    stored = last_rollups(store, sorted({(r[0], r[1]) for r in ranges}), dedup_token)
+    if any(last.token_landed for last in stored.values()):
         return
     for topic, partition, first, _ in ranges:
         last = stored.get((topic, partition))
@@ -163,13 +164,6 @@ def roll_up(store: Store, ranges: list[Range], dedup_token: str) -> None:
     store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, False), f"{ROLLUPS_TABLE}:{dedup_token}")
     store.command(rollup_sql(ranges, dedup_token))
     store.insert(ROLLUPS_TABLE, _records(ranges, dedup_token, True), f"{ROLLUPS_TABLE}:{dedup_token}:landed")
-
-
-def _landed(store: Store, dedup_token: str) -> bool:
-    _check(dedup_token)
-    row, = store.query(f"SELECT count() > 0 AS done FROM {ROLLUPS_TABLE} "
-                       f"WHERE rollup = '{dedup_token}' AND landed = 1")
-    return bool(row["done"])
 
 
 @unclassified
@@ -184,16 +178,19 @@ def first_landed(store: Store, topic: str, partition: int) -> int | None:
 
 
 @unclassified
-def last_rollups(store: Store, wheres: list[Where]) -> dict[Where, Last]:
-    """Each partition's last recorded rollup (partitions with none are left out)."""
+def last_rollups(store: Store, wheres: list[Where], dedup_token: str = "") -> dict[Where, Last]:
+    """Each partition's last recorded rollup (partitions with none are left out), and whether the rollup
+    ``dedup_token`` is marked landed for it — one query, as a rollup reads both before it runs."""
     if not wheres:
         return {}
+    _check(dedup_token)
     where = " OR ".join(f"({partition_filter(topic, partition)})" for topic, partition in wheres)
     rows = store.query(f"SELECT source_topic, source_partition, max(last_offset) AS last_offset, "
-                       f"argMax((rollup, landed), version) AS newest "
+                       f"argMax((rollup, landed), version) AS newest, "
+                       f"countIf(rollup = '{dedup_token}' AND landed = 1) > 0 AS token_landed "
                        f"FROM {ROLLUPS_TABLE} WHERE {where} GROUP BY source_topic, source_partition")
     return {(r["source_topic"], int(r["source_partition"])): Last(int(r["last_offset"]), r["newest"][0],
-                                                                  bool(r["newest"][1]))
+                                                                  bool(r["newest"][1]), bool(r["token_landed"]))
             for r in rows}
 
 
