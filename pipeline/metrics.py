@@ -43,6 +43,8 @@ ROLLUPS = Counter("sluice_sink_rollups_total",
                   "refusing one while it answered queries; it is tried again as it was); fenced (another owner "
                   "had rolled up some of its offsets: planned again).",
                   ["outcome"], registry=REGISTRY)
+for _outcome in ("ok", "failed", "fenced"):   # each at 0 from the start: a refusal shows as a rate, not as a new series
+    ROLLUPS.labels(_outcome)
 EVENTS_DUPLICATE = Counter("sluice_events_duplicate_total",
                            "Events dropped before landing because the same event_id was seen recently "
                            "in the same partition (a producer retry).", ["topic"], registry=REGISTRY)
