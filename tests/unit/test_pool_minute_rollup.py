@@ -18,6 +18,7 @@ from pipeline.sinks.blocks import process_block
 from pipeline.sinks.clickhouse import ClickHouseSink
 from pipeline.sinks.migrations import SQL_DIR, migrate
 from pipeline.sinks.store import ClickHouseStore, StoreUnavailable
+from tests.unit.test_store_landing import store  # noqa: F401 (fixture: a migrated chdb store per test)
 
 DAY_MS = 86_400_000
 JAN_31 = 1_769_817_600_000   # 2026-01-31 00:00 UTC: the events run into February, so a rollup writes two parts
@@ -37,14 +38,6 @@ DIRECT = ("SELECT pool, priority, toStartOfMinute(event_time) AS minute, count()
           "AS output_tokens, quantilesBFloat16If(0.5, 0.99)(ifNull(ttft_s, 0), phase = 'completed' AND ttft_s "
           "IS NOT NULL) AS ttft FROM request_events FINAL WHERE phase IN ('completed', 'failed', 'rejected', "
           "'cancelled') GROUP BY pool, priority, minute ORDER BY pool, priority, minute")
-
-
-@pytest.fixture
-def store(tmp_path):
-    store = ClickHouseStore.embedded(tmp_path / "chdb")
-    migrate(store)
-    yield store
-    store.close()
 
 
 def records(first, n, partition=0, topic="raw"):
