@@ -365,7 +365,8 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path, rollup_interval_s:
     """Rows/s through the sink's insert path vs plain inserts of the same rows, one chdb store.
 
     The sink's path is its inserts into ``request_events`` and, every ``rollup_interval_s`` and once at the
-    end, the rollup of what they landed into ``pool_minute`` (``sinks.rollup``), as the landing worker does;
+    end, the rollup of what they landed into ``pool_minute`` (``sinks.rollup``) on a second client beside them,
+    as the landing worker does;
     the plain path inserts the same blocks into a ``MergeTree`` with no key. The fsync comparison inserts the
     blocks into fresh copies of ``request_events``, with and without ``store_fsync``."""
     from .sinks import rollup
@@ -381,19 +382,29 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path, rollup_interval_s:
         for payload, _, _ in payloads:
             store.insert("plain_events", payload)
         plain_s = time.perf_counter() - started
-        rollups, rolled, landed = 0, -1, -1
-        started = rolled_at = time.perf_counter()
+        rolling = store.second_writer()
+        landed, stop, rollups = [-1], threading.Event(), [0]
+
+        def roll_up_beside() -> None:
+            """What landed, every ``rollup_interval_s`` and once at the end, on the second client."""
+            rolled = -1
+            while True:
+                last_one = stop.wait(rollup_interval_s)
+                if landed[0] > rolled:
+                    ranges = [("bench", 0, rolled + 1, landed[0])]
+                    rollup.roll_up(rolling, ranges, rollup.token(ranges))
+                    rollups[0], rolled = rollups[0] + 1, ranges[0][3]
+                if last_one:
+                    return
+
+        roller = threading.Thread(target=roll_up_beside, daemon=True)
+        started = time.perf_counter()
+        roller.start()
         for payload, token, last in payloads:
             store.insert("request_events", payload, token)
-            landed = last
-            if time.perf_counter() - rolled_at >= rollup_interval_s:
-                ranges = [("bench", 0, rolled + 1, landed)]
-                rollup.roll_up(store, ranges, rollup.token(ranges))
-                rollups, rolled, rolled_at = rollups + 1, landed, time.perf_counter()
-        if landed > rolled:
-            ranges = [("bench", 0, rolled + 1, landed)]
-            rollup.roll_up(store, ranges, rollup.token(ranges))
-            rollups += 1
+            landed[0] = last
+        stop.set()
+        roller.join()
         sink_s = time.perf_counter() - started
         landed_rows, = store.query("SELECT count() AS n FROM request_events")
         terminal, = store.query("SELECT count() AS n FROM request_events WHERE phase IN "
@@ -415,7 +426,7 @@ def bench_landing(rows: int, block_rows: int, work_dir: Path, rollup_interval_s:
         store.close()
     if per_minute["n"] != terminal["n"]:
         raise RuntimeError(f"the rollups counted {per_minute['n']} terminal attempts of {terminal['n']}")
-    return {"rows": rows, "block_rows": block_rows, "landed_rows": landed_rows["n"], "rollups": rollups,
+    return {"rows": rows, "block_rows": block_rows, "landed_rows": landed_rows["n"], "rollups": rollups[0],
             "sink_rows_per_s": round(rows / sink_s),
             "plain_insert_rows_per_s": round(rows / plain_s),
             "sink_vs_plain_ratio": round(plain_s / sink_s, 3),

@@ -35,10 +35,14 @@ SendDeadLetter = Callable[[bytes, bytes], Awaitable[None]]
 
 class BlockSink:
     def __init__(self, settings: Settings, store: Store, send_dead_letter: SendDeadLetter,
-                 sink: ClickHouseSink | None = None) -> None:
+                 sink: ClickHouseSink | None = None, rollup_sink: ClickHouseSink | None = None) -> None:
         self.settings = settings
         self.store = store
         self.sink = sink or ClickHouseSink(store)
+        # the rollup's own client (``ClickHouseStore.second_writer``), so its statements run beside the inserts
+        # and its holds are not landing's; the landing client when none is given
+        self.rollup_sink = rollup_sink or self.sink
+        self.rollup_store = rollup_sink.store if rollup_sink else store
         self.send_dead_letter = send_dead_letter
         self.bounds = TimeBounds.of(settings)
         self.cursors: dict[Where, PartitionCursor] = {}
@@ -52,10 +56,15 @@ class BlockSink:
         self._rolled_at = time.monotonic()
         self._rollup_failures = 0
         self._rolling = asyncio.Lock()   # one rollup at a time: two over the same offsets would both count
+        self._roller: asyncio.Task | None = None   # the rollup running beside landing, if any
 
     @property
     def held(self) -> bool:
         return self.sink.held
+
+    def stop_holding(self) -> None:
+        """The worker is stopping: store calls give up instead of holding."""
+        self.sink.closing = self.rollup_sink.closing = True
 
     def add(self, cls: type, records: list[Record], now_ms: int) -> list[BlockOutcome]:
         """Cut, decode and gather one fetched batch of one topic; the blocks it made (for accounting)."""
@@ -113,7 +122,10 @@ class BlockSink:
                 if block.table == rollup.SOURCE_TABLE:   # landed in offset order: all before it is in the store
                     where = (block.topic, block.partition)
                     self.landed_through[where] = max(self.landed_through.get(where, -1), block.next_offset - 1)
-            await self.roll_up(force=partitions is not None)
+            if partitions is not None:   # a revocation hands its partitions over rolled up
+                await self.roll_up(force=True)
+            else:
+                self._roll_up_beside()
             return {(b.topic, b.partition): b.next_offset for b in blocks}
 
         self._landing = task = asyncio.ensure_future(land())
@@ -138,16 +150,29 @@ class BlockSink:
         if block.duplicates:
             metrics.EVENTS_DUPLICATE.labels(block.topic).inc(block.duplicates)
 
+    def _rollup_wait(self) -> float:
+        return self.settings.sink_rollup_interval_s * 2 ** min(self._rollup_failures, 6)
+
+    def _roll_up_beside(self) -> None:
+        """Start the rollup that is due, as a task of its own: landing never waits for ``pool_minute`` (a
+        slow or refusing rollup held each landing behind it, and the offsets' commits with it)."""
+        if (self._roller is None or self._roller.done()) and time.monotonic() - self._rolled_at >= self._rollup_wait():
+            self._roller = asyncio.ensure_future(self.roll_up(force=False))
+            self._roller.add_done_callback(_report_rollup)
+
+    async def rolled_up(self) -> None:
+        """Wait for the rollup running beside landing, if one is."""
+        if self._roller is not None:
+            await asyncio.wait([self._roller])
+
     async def roll_up(self, force: bool) -> None:
         """Roll what landed since the last rollup up into ``pool_minute``, every ``sink_rollup_interval_s``
         (at once with ``force``: a revocation hands the partitions over rolled up, a stop leaves nothing
         behind). A rollup the store keeps refusing is logged and counted, and tried again as it was after
         twice the wait each time (up to 64 intervals); landing goes on meanwhile."""
         async with self._rolling:
-            now = time.monotonic()
-            wait = self.settings.sink_rollup_interval_s * 2 ** min(self._rollup_failures, 6)
-            if force or now - self._rolled_at >= wait:
-                self._rolled_at = now
+            if force or time.monotonic() - self._rolled_at >= self._rollup_wait():
+                self._rolled_at = time.monotonic()
                 try:
                     await self._roll_up()
                 except StoreRejected as exc:
@@ -156,7 +181,6 @@ class BlockSink:
                     metrics.ROLLUPS.labels("failed").inc()
                 except rollup.Fenced as exc:   # planned again from the store's record at the next rollup
                     log.warning("a rollup into pool_minute was fenced off: %s", exc)
-                    self.rollups.pop(0)
                     metrics.ROLLUPS.labels("fenced").inc()
 
     async def _roll_up(self) -> None:
@@ -169,14 +193,27 @@ class BlockSink:
 
     async def _run_queued(self) -> None:
         while self.rollups:
-            ranges, dedup_token = self.rollups[0]
-            await self.sink.call("rollup", rollup.roll_up, self.store, ranges, dedup_token, rows_at_fault=True)
-            self.rollups.pop(0)
+            queued = self.rollups[0]
+            ranges, dedup_token = queued
+            try:   # refused or cut short: left queued, to run again as it is
+                await self._call(rollup.roll_up, ranges, dedup_token)
+            except rollup.Fenced:
+                self._unqueue(queued)
+                raise
+            self._unqueue(queued)
             self._rollup_failures = 0
             metrics.ROLLUPS.labels("ok").inc()
             for topic, partition, _, last in ranges:
                 if (topic, partition) in self.landed_through:
                     self.rolled[(topic, partition)] = max(self.rolled.get((topic, partition), -1), last)
+
+    def _unqueue(self, queued: tuple[list[rollup.Range], str]) -> None:
+        """By identity: a revocation may have dropped rollups from the queue meanwhile (``forget``)."""
+        self.rollups = [r for r in self.rollups if r is not queued]
+
+    async def _call(self, fn, *args):
+        """One of the rollup's store calls, through its own client."""
+        return await self.rollup_sink.call("rollup", fn, self.rollup_store, *args, rows_at_fault=True)
 
     async def _plan(self) -> bool:
         """The next rollup: first any rollup of these partitions found recorded and not landed (a crash, a
@@ -184,16 +221,16 @@ class BlockSink:
         partition's last rollup (True). The store's record is read every time, so an owner that got further
         (a worker that lost a partition without knowing it yet is behind it) fences this one off."""
         wheres = sorted(self.landed_through)
-        stored = await self.sink.call("rollup", rollup.last_rollups, self.store, wheres, rows_at_fault=True)
+        stored = await self._call(rollup.last_rollups, wheres)
         for where in wheres:
             last = stored.get(where)
             if last is None:
                 if where not in self.rolled:   # nothing rolled up: from the first offset the store holds
-                    first = await self.sink.call("rollup", rollup.first_landed, self.store, *where, rows_at_fault=True)
+                    first = await self._call(rollup.first_landed, *where)
                     self.rolled[where] = -1 if first is None else first - 1
                 continue
             if not last.landed:
-                ranges = await self.sink.call("rollup", rollup.recorded, self.store, last.token, rows_at_fault=True)
+                ranges = await self._call(rollup.recorded, last.token)
                 if ranges:
                     self.rollups.append((ranges, last.token))
             self.rolled[where] = max(self.rolled.get(where, -1), last.last_offset)
@@ -297,3 +334,12 @@ class BlockSink:
         # again for its other partitions); not yet recorded, nothing of it landed
         self.rollups = [(ranges, t) for ranges, t in self.rollups if all((r[0], r[1]) != where for r in ranges)]
         self._due = [b for b in self._due if (b.topic, b.partition) != where]
+
+
+def _report_rollup(task: asyncio.Task) -> None:
+    """A rollup run beside landing ends in an error nothing awaits: logged and counted, tried again at the
+    next one (``roll_up`` handles the store's refusals itself; this is for the rest)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error("a rollup into pool_minute failed", exc_info=task.exception())
+    metrics.ROLLUPS.labels("failed").inc()

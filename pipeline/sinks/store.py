@@ -9,6 +9,7 @@ both.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -91,6 +92,9 @@ class Store(Protocol):
 
     def query(self, sql: str) -> list[dict[str, Any]]: ...
 
+    def second_writer(self) -> Store:
+        """Another writer client on the same store (its statements run beside this one's), closed with it."""
+
     def close(self) -> None: ...
 
 
@@ -109,6 +113,7 @@ class ClickHouseStore:
         self._reader = None                  # read-only, with the limits it was opened with
         self._reader_limits: ReadLimits | None = None
         self._allowed: Allowed | None = None
+        self._writers: list[ClickHouseStore] = []   # second writers (``second_writer``), closed with this one
         if dsn.startswith("chdb://"):
             self.backend = "chdb"
             self.path = Path(dsn[len("chdb://"):]).resolve()
@@ -149,6 +154,22 @@ class ClickHouseStore:
             return clickhouse_connect.get_client(interface="chdb", path=str(self.path), settings=settings)
         return clickhouse_connect.get_client(dsn=self._dsn, username=self._user, password=self._password,
                                              settings=settings, **self._tls)
+
+    def second_writer(self) -> ClickHouseStore:
+        """Another writer client on the same store, with a lock of its own: the landing worker's rollup runs
+        beside its inserts instead of between them (one client runs one statement at a time). Closed with
+        this store; no reader of its own."""
+        with self._lock:
+            self._check_open()
+            twin = copy.copy(self)
+            twin._lock, twin._read_lock, twin._writers = threading.Lock(), threading.Lock(), []
+            twin._reader = twin._reader_limits = None
+            try:
+                twin._client = self._connect()
+            except Exception as exc:  # the type only, as when the store is opened
+                raise StoreUnavailable(f"cannot open a second client on {self._where}: {type(exc).__name__}") from None
+            self._writers.append(twin)
+        return twin
 
     def _check_open(self) -> None:
         if self._closed:
@@ -238,6 +259,8 @@ class ClickHouseStore:
         Closing before the interpreter exits matters on chdb: its own shutdown
         at exit can hang if a worker thread is still inside a query.
         """
+        for writer in self._writers:
+            writer.close()
         with self._read_lock, self._lock:
             if self._closed:
                 return

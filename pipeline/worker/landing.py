@@ -19,6 +19,7 @@ from ..events import AdmissionSignal, Event, ReplicaSample, RequestEvent
 from ..ingest import Record
 from ..settings import Settings
 from ..sinks.block_sink import BlockSink
+from ..sinks.clickhouse import ClickHouseSink
 from ..sinks.migrations import prepare_store
 from ..sinks.store import Store, StoreUnavailable, open_store
 from .consumer import BatchLoop, commit
@@ -48,7 +49,9 @@ class LandingConsumer(BatchLoop):
                 return
             self.store = await asyncio.to_thread(open_store, self.settings)
             await asyncio.to_thread(prepare_store, self.store, self.settings)
-            self.sink = BlockSink(self.settings, self.store, self._send_dead_letter)
+            rollup_store = await asyncio.to_thread(self.store.second_writer)
+            self.sink = BlockSink(self.settings, self.store, self._send_dead_letter,
+                                  rollup_sink=ClickHouseSink(rollup_store))
             self.store_ok = True
 
     async def close(self) -> None:
@@ -56,7 +59,7 @@ class LandingConsumer(BatchLoop):
         ``pool_minute`` (a store that is down or slow is not waited for: the next owner rolls it up),
         then close the store."""
         if self.sink is not None:
-            self.sink.sink.closing = True
+            self.sink.stop_holding()
             rolling = asyncio.ensure_future(self.sink.roll_up(force=True))
             rolling.add_done_callback(lambda task: task.cancelled() or task.exception())   # no unread error
             try:   # shielded: a rollup cut short here would leave its store call running in its thread

@@ -25,6 +25,8 @@ from pipeline.sim.replay import generate, load_trace
 from pipeline.sinks.store import open_store
 from tests.conftest import run, wait_for
 from tests.integration.kafka_helpers import group_lag
+from tests.integration.test_cost_views import pending
+from tests.integration.test_worst_values import metric
 
 pytestmark = pytest.mark.integration
 RATE = 10_000               # events/s, paced in real time (event time = wall time)
@@ -215,6 +217,53 @@ def test_store_outage_costs_analysts_fresh_rows_never_the_fleet_its_admission_co
           f"picture {lags['picture'][0]:.3f} → {lags['picture'][1]:.3f} s, decision {lags['decision'][0]:.3f} → "
           f"{lags['decision'][1]:.3f} s; worker RSS {min(m for _, m in rss):.0f}-{max(m for _, m in rss):.0f} MiB; "
           f"after unlock all {requests} request events landed once")
+
+
+def test_a_refused_rollup_holds_neither_landing_nor_its_commits_and_catches_up_exactly_once(
+        settings, worker_factory, can_lock_dirs):
+    """pool_minute's directory made immutable under the real worker: the rollup is refused (counted, backed
+    off), while request events go on landing and their offsets committing; unlocked, pool_minute catches up
+    and counts every terminal attempt once."""
+    base = replace(settings, sink_rollup_interval_s=0.25)   # its backoff tops out at 16 s, not 64
+    worker = worker_factory(base).start()
+    now_ms = int(time.time() * 1000)
+    before, during = (list(generate(load_trace(), rate=20, seconds=60, seed=seed, start_ms=now_ms - ago_ms))
+                      for seed, ago_ms in ((21, 180_000), (22, 90_000)))
+    raw = [topics.REQUESTS.name(base), topics.REPLICAS.name(base)]
+
+    def landing_lag():
+        return run(group_lag(base.kafka_bootstrap_servers, topics.landing_group(base), raw))
+
+    run(produce(base, base.kafka_bootstrap_servers, before, paced=False))
+    wait_for(lambda: worker.counts().accepted >= len(before) and pending(worker.settings) == 0, 120,
+             message="the first events to land and roll up")
+    failed = metric(worker, "sluice_sink_rollups_total", outcome="failed")
+    locked = table_dir(base, "pool_minute")
+    set_immutable(locked, True)
+    try:
+        run(produce(base, base.kafka_bootstrap_servers, during, paced=False))
+        wait_for(lambda: worker.counts().accepted >= len(before) + len(during) and landing_lag() == 0, 120,
+                 interval_s=1.0, message="landing and its commits to go on while pool_minute refuses")
+        wait_for(lambda: metric(worker, "sluice_sink_rollups_total", outcome="failed") > failed, 60,
+                 message="the refused rollup to be counted")
+        behind = pending(worker.settings)
+        assert behind > 0, "pool_minute cannot have taken what landed while locked"
+        assert health(worker)["landing"]["sink_held"] is False, "a refused rollup is not a held landing"
+    finally:
+        set_immutable(locked, False)
+    wait_for(lambda: pending(worker.settings) == 0, 90, interval_s=1.0,
+             message="pool_minute to catch up once the store takes it again")
+    worker.stop()
+    terminal = sum(e.event["phase"] in ("completed", "failed", "rejected", "cancelled")
+                   for e in before + during if e.kind == "request")
+    store = open_store(base)
+    try:
+        m, = store.query("SELECT sum(requests) AS requests FROM pool_minute")
+    finally:
+        store.close()
+    assert m == {"requests": terminal}
+    print(f"\nrollup refused: {len(during)} events landed and committed meanwhile, {behind} terminal attempts "
+          f"behind in pool_minute; after unlock all {terminal} counted once")
 
 
 def test_chattr_is_available_in_ci():

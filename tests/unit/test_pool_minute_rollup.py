@@ -103,6 +103,13 @@ def sink_for(store, **settings):
                      ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.01))
 
 
+async def flushed(sink, partitions=None):
+    """Land what is due and wait for the rollup it started beside landing."""
+    landed = await sink.flush(partitions)
+    await sink.rolled_up()
+    return landed
+
+
 def test_a_rollup_cut_by_a_crash_is_finished_by_the_partitions_next_owner_and_only_once(store, monkeypatch):
     land(store, records(0, 120))
     land(store, records(0, 30, partition=1))
@@ -123,7 +130,7 @@ def test_a_rollup_cut_by_a_crash_is_finished_by_the_partitions_next_owner_and_on
         for partition, committed in ((1, 30), (0, 120)):
             sink = sink_for(store, sink_rollup_interval_s=0)
             await sink.resume(RequestEvent, "raw", partition, committed)
-            await sink.flush()
+            await flushed(sink)
 
     asyncio.run(next_owners())
     assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 125
@@ -142,7 +149,7 @@ def test_a_landed_rollup_is_not_run_again_after_its_token_left_the_window(store)
     async def next_owner():
         sink = sink_for(store, sink_rollup_interval_s=0)
         await sink.resume(RequestEvent, "raw", 0, 60)
-        await sink.flush()
+        await flushed(sink)
 
     asyncio.run(next_owner())
     assert terminal(store) == 100
@@ -180,7 +187,7 @@ def test_a_store_migrated_from_the_view_keeps_its_counts_and_rolls_up_what_lands
         async def landing_goes_on():
             sink = sink_for(old, sink_rollup_interval_s=0)
             await sink.resume(RequestEvent, "raw", 0, 150)
-            await sink.flush()
+            await flushed(sink)
 
         asyncio.run(landing_goes_on())
         assert old.query(MINUTE) == old.query(DIRECT)
@@ -193,16 +200,16 @@ def test_the_landing_sink_rolls_up_what_it_lands_and_its_next_owner_goes_on_from
         sink = sink_for(store, sink_rollup_interval_s=0)
         await sink.resume(RequestEvent, "raw", 0, 0)
         sink.add(RequestEvent, records(0, 50), NOW_MS)
-        assert await sink.flush() == {("raw", 0): 50}
+        assert await flushed(sink) == {("raw", 0): 50}
         assert store.query(MINUTE) == store.query(DIRECT)
         assert terminal(store) == 42   # 50 minus the first-token events
         # the next owner, after a crash before the commit: it replays offsets 40-79 and lands 50-79
         sink = sink_for(store, sink_rollup_interval_s=60)
         await sink.resume(RequestEvent, "raw", 0, 40)
         sink.add(RequestEvent, records(40, 40), NOW_MS)
-        await sink.flush()
+        await flushed(sink)
         assert last(store, 0).last_offset == 49, "not due for a minute"
-        await sink.flush([("raw", 0)])   # a revocation: handed over rolled up
+        await flushed(sink, [("raw", 0)])   # a revocation: handed over rolled up
         assert last(store, 0).last_offset == 79
         assert store.query(MINUTE) == store.query(DIRECT)
 
@@ -230,12 +237,12 @@ def test_a_rollup_the_store_keeps_refusing_does_not_stop_landing_and_is_run_agai
     async def scenario():
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
-        assert await sink.flush() == {("raw", 0): 30}
+        assert await flushed(sink) == {("raw", 0): 30}
         assert metrics.ROLLUPS.labels("failed")._value.get() == failed + 1
         assert last(store, 0) == rollup.Last(29, rollup.token([("raw", 0, 0, 29)]), False)
         refused["on"] = False
         sink.add(RequestEvent, records(30, 30), NOW_MS)
-        assert await sink.flush() == {("raw", 0): 60}
+        assert await flushed(sink) == {("raw", 0): 60}
         assert metrics.ROLLUPS.labels("ok")._value.get() == ok + 2, "the refused rollup as it was, then 30-59"
         assert sink.rollups == [] and last(store, 0) == rollup.Last(59, rollup.token([("raw", 0, 30, 59)]), True)
 
@@ -253,16 +260,16 @@ def test_a_refused_rollup_landed_by_a_partitions_next_owner_is_not_counted_again
     async def scenario():
         first = sink_for(store, sink_rollup_interval_s=0)
         first.add(RequestEvent, records(0, 30) + records(0, 30, partition=1), NOW_MS)
-        await first.flush()
-        await first.flush([("raw", 1)])   # revoked: the forced rollup is refused again
+        await flushed(first)
+        await flushed(first, [("raw", 1)])   # revoked: the forced rollup is refused again
         first.forget("raw", 1)
         refused["on"] = False
         second = sink_for(store, sink_rollup_interval_s=0)
         await second.resume(RequestEvent, "raw", 1, 30)
-        await second.flush()
+        await flushed(second)
         assert last(store, 0).landed and terminal(store) == 50
         first.add(RequestEvent, records(30, 30), NOW_MS)
-        await first.flush([("raw", 0)])
+        await flushed(first, [("raw", 0)])
 
     asyncio.run(scenario())
     assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 75
@@ -285,18 +292,18 @@ def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monk
     async def scenario():
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
-        landing = sink.flush()
+        assert await sink.flush() == {("raw", 0): 30}, "landed without waiting for its rollup"
         deadline = asyncio.get_running_loop().time() + 10
         while not entered.is_set():
             assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
             await asyncio.sleep(0.01)
-        landing.cancel()   # a stop cancels the landing task while its rollup is in the store
+        sink._roller.cancel()   # a stop cancels the rollup task while its insert is in the store
         sink.add(RequestEvent, records(30, 30), NOW_MS)
         later = sink.flush()
         await asyncio.sleep(0.05)
         release.set()
         assert await later == {("raw", 0): 60}
-        await sink.flush([("raw", 0)])
+        await flushed(sink, [("raw", 0)])
 
     asyncio.run(scenario())
     assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
@@ -317,9 +324,9 @@ def test_a_rollup_planned_before_another_owner_rolled_up_its_offsets_is_fenced_o
         held.rollups.append((planned, rollup.token(planned)))   # planned before the outage held it
         roll(store, [("raw", 0, 30, 59)])                        # the new owner of partition 0
         fenced = metrics.ROLLUPS.labels("fenced")._value.get()
-        await held.flush()
+        await flushed(held)
         assert metrics.ROLLUPS.labels("fenced")._value.get() == fenced + 1
-        await held.flush()   # the next rollup plans again from the store's record
+        await flushed(held)   # the next rollup plans again from the store's record
         assert last(store, 1).last_offset == 29 and last(store, 1).landed, "planned again: partition 1 alone"
 
     asyncio.run(scenario())
@@ -351,7 +358,7 @@ def test_a_partition_with_no_rollup_starts_at_the_first_offset_the_store_holds(s
     async def scenario():
         sink = sink_for(store, sink_rollup_interval_s=0)
         await sink.resume(RequestEvent, "raw", 0, 5_000_030)
-        await sink.flush()
+        await flushed(sink)
 
     asyncio.run(scenario())
     assert last(store, 0).last_offset == 5_000_029 and terminal(store) == 25
@@ -364,3 +371,46 @@ def test_a_rollup_takes_at_most_a_million_offsets_over_all_its_partitions():
     assert rollup.plan(rolled, landed) == [("raw", 0, 0, 999_999)]
     assert rollup.plan(rolled, landed, max_offsets=1_000_100) == [("raw", 0, 0, 1_000_099)]
     assert rollup.plan({("raw", 0): 1_999_999, ("raw", 1): 99}, landed) == [("raw", 1, 100, 199)]
+
+
+def test_landing_goes_on_while_a_rollup_waits_in_the_store(store, monkeypatch):
+    """The rollup runs beside landing: a slow pool_minute insert holds neither the next landing nor its commit."""
+    command = store.command
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(sql):
+        if sql.startswith("INSERT INTO pool_minute") and not release.is_set():
+            entered.set()
+            release.wait(30)
+        command(sql)
+
+    monkeypatch.setattr(store, "command", slow)
+
+    async def scenario():
+        sink = sink_for(store, sink_rollup_interval_s=0)
+        sink.add(RequestEvent, records(0, 30), NOW_MS)
+        assert await sink.flush() == {("raw", 0): 30}
+        deadline = asyncio.get_running_loop().time() + 10
+        while not entered.is_set():
+            assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
+            await asyncio.sleep(0.01)
+        sink.add(RequestEvent, records(30, 30), NOW_MS)
+        assert await asyncio.wait_for(sink.flush(), 10) == {("raw", 0): 60}, "landed while the rollup waits"
+        assert terminal(store) == 0
+        release.set()
+        await flushed(sink, [("raw", 0)])
+
+    asyncio.run(scenario())
+    assert store.query(MINUTE) == store.query(DIRECT) and terminal(store) == 50
+
+
+def test_a_second_writer_works_beside_the_first_and_closes_with_it(tmp_path):
+    first = ClickHouseStore.embedded(tmp_path / "store")
+    migrate(first)
+    second = first.second_writer()
+    land(second, records(0, 12))
+    roll(second, [("raw", 0, 0, 11)])
+    assert first.query(MINUTE) == first.query(DIRECT) and terminal(first) == 10
+    first.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        second.query("SELECT 1 AS ok")
