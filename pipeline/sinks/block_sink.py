@@ -25,7 +25,7 @@ from . import positions, rollup
 from .blocks import (DEAD_LETTER_TABLE, STORE_REJECTED, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks,
                      refused_by_store)
 from .clickhouse import ClickHouseSink
-from .store import Store, StoreRejected
+from .store import Store, StoreRejected, StoreUnavailable
 
 log = logging.getLogger(__name__)
 Where = tuple[str, int]  # (topic, partition)
@@ -156,9 +156,25 @@ class BlockSink:
     def _roll_up_beside(self) -> None:
         """Start the rollup that is due, as a task of its own: landing never waits for ``pool_minute`` (a
         slow or refusing rollup held each landing behind it, and the offsets' commits with it)."""
+        if self.rollup_sink.closing:   # stopping: the closing rollup is the last
+            return
         if (self._roller is None or self._roller.done()) and time.monotonic() - self._rolled_at >= self._rollup_wait():
             self._roller = asyncio.ensure_future(self.roll_up(force=False))
-            self._roller.add_done_callback(_report_rollup)
+            self._roller.add_done_callback(self._report_rollup)
+
+    def _report_rollup(self, task: asyncio.Task) -> None:
+        """A rollup run beside landing ends in an error nothing awaits: logged, counted and backed off like a
+        refusal, its rollup left queued to run again as it was (``roll_up`` handles the store's refusals
+        itself; this is for the rest). One cut short by the worker stopping is no failure."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if self.rollup_sink.closing and isinstance(exc, StoreUnavailable):
+            log.warning("a rollup into pool_minute was cut short by the stop: %s", exc)
+            return
+        self._rollup_failures += 1
+        log.error("a rollup into pool_minute failed (%d in a row)", self._rollup_failures, exc_info=exc)
+        metrics.ROLLUPS.labels("failed").inc()
 
     async def rolled_up(self) -> None:
         """Wait for the rollup running beside landing, if one is."""
@@ -332,14 +348,6 @@ class BlockSink:
             state.pop(where, None)
         # a queued rollup over it: recorded, its next owner runs it (and this worker's next plan finds it
         # again for its other partitions); not yet recorded, nothing of it landed
-        self.rollups = [(ranges, t) for ranges, t in self.rollups if all((r[0], r[1]) != where for r in ranges)]
+        self.rollups = [queued for queued in self.rollups if all((r[0], r[1]) != where for r in queued[0])]
         self._due = [b for b in self._due if (b.topic, b.partition) != where]
 
-
-def _report_rollup(task: asyncio.Task) -> None:
-    """A rollup run beside landing ends in an error nothing awaits: logged and counted, tried again at the
-    next one (``roll_up`` handles the store's refusals itself; this is for the rest)."""
-    if task.cancelled() or task.exception() is None:
-        return
-    log.error("a rollup into pool_minute failed", exc_info=task.exception())
-    metrics.ROLLUPS.labels("failed").inc()

@@ -47,10 +47,15 @@ class LandingConsumer(BatchLoop):
         async with self._ready_lock:
             if self.sink is not None:
                 return
-            self.store = await asyncio.to_thread(open_store, self.settings)
-            await asyncio.to_thread(prepare_store, self.store, self.settings)
-            rollup_store = await asyncio.to_thread(self.store.second_writer)
-            self.sink = BlockSink(self.settings, self.store, self._send_dead_letter,
+            store = await asyncio.to_thread(open_store, self.settings)
+            try:
+                await asyncio.to_thread(prepare_store, store, self.settings)
+                rollup_store = await asyncio.to_thread(store.second_writer)
+            except BaseException:   # the next try opens the store afresh: this one is not left open
+                await asyncio.to_thread(store.close)
+                raise
+            self.store = store
+            self.sink = BlockSink(self.settings, store, self._send_dead_letter,
                                   rollup_sink=ClickHouseSink(rollup_store))
             self.store_ok = True
 
@@ -137,6 +142,9 @@ class LandingConsumer(BatchLoop):
         await self._settle()
         for where in revoked:
             self.sink.forget(*where)
+        # a rollup started beside a landing after the revocation's own may cover the revoked partitions: it
+        # ends before the next owner can start, as the revocation's does
+        await self.sink.rolled_up()
 
     async def on_assigned(self, tp: Any) -> None:
         """Paused until resumed: nothing may be handled from a position the store has not confirmed."""

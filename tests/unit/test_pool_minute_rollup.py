@@ -95,12 +95,16 @@ def test_a_rollup_cut_between_its_months_is_completed_not_doubled(store, monkeyp
     assert store.query(MINUTE) == store.query(DIRECT)
 
 
-def sink_for(store, **settings):
+def sink_for(store, rollup_store=None, **settings):
+    """A landing sink on ``store``, its rollups on ``rollup_store`` (default: the same client)."""
     async def send(key, value):
         pass
 
+    def quick(client):
+        return ClickHouseSink(client, retry_initial_s=0.001, retry_max_s=0.01)
+
     return BlockSink(load_settings(env={}, sink_block_age_s=0, max_event_age_s=0, **settings), store, send,
-                     ClickHouseSink(store, retry_initial_s=0.001, retry_max_s=0.01))
+                     quick(store), quick(rollup_store) if rollup_store is not None else None)
 
 
 async def flushed(sink, partitions=None):
@@ -292,12 +296,12 @@ def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monk
     async def scenario():
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
-        assert await sink.flush() == {("raw", 0): 30}, "landed without waiting for its rollup"
+        landing = sink.flush([("raw", 0)])   # a revocation: its landing runs the forced rollup
         deadline = asyncio.get_running_loop().time() + 10
         while not entered.is_set():
             assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
             await asyncio.sleep(0.01)
-        sink._roller.cancel()   # a stop cancels the rollup task while its insert is in the store
+        landing.cancel()   # a stop cancels the landing task while its rollup is in the store
         sink.add(RequestEvent, records(30, 30), NOW_MS)
         later = sink.flush()
         await asyncio.sleep(0.05)
@@ -373,21 +377,23 @@ def test_a_rollup_takes_at_most_a_million_offsets_over_all_its_partitions():
     assert rollup.plan({("raw", 0): 1_999_999, ("raw", 1): 99}, landed) == [("raw", 1, 100, 199)]
 
 
-def test_landing_goes_on_while_a_rollup_waits_in_the_store(store, monkeypatch):
-    """The rollup runs beside landing: a slow pool_minute insert holds neither the next landing nor its commit."""
-    command = store.command
+def test_landing_goes_on_while_a_rollup_waits_in_the_store(store):
+    """The rollup runs beside landing, on a client of its own: a pool_minute insert slow inside that client
+    holds neither the next landing nor its commit."""
+    twin = store.second_writer()
+    command = twin._client.command
     entered, release = threading.Event(), threading.Event()
 
-    def slow(sql):
+    def slow(sql, *args, **kwargs):   # inside the client's lock, as a slow store holds it
         if sql.startswith("INSERT INTO pool_minute") and not release.is_set():
             entered.set()
             release.wait(30)
-        command(sql)
+        return command(sql, *args, **kwargs)
 
-    monkeypatch.setattr(store, "command", slow)
+    twin._client.command = slow
 
     async def scenario():
-        sink = sink_for(store, sink_rollup_interval_s=0)
+        sink = sink_for(store, rollup_store=twin, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
         assert await sink.flush() == {("raw", 0): 30}
         deadline = asyncio.get_running_loop().time() + 10
@@ -414,3 +420,23 @@ def test_a_second_writer_works_beside_the_first_and_closes_with_it(tmp_path):
     first.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         second.query("SELECT 1 AS ok")
+
+
+def test_a_stopping_sink_starts_no_rollup_beside_landing_and_counts_no_failure(store):
+    """Found in review: after the closing rollup, a last landing started another on a closed store, and its
+    error counted as a failed rollup (the alert's ticket after every deploy)."""
+    failed = metrics.ROLLUPS.labels("failed")._value.get()
+
+    async def scenario():
+        sink = sink_for(store, sink_rollup_interval_s=0)
+        sink.add(RequestEvent, records(0, 30), NOW_MS)
+        await flushed(sink)
+        sink.stop_holding()
+        sink.add(RequestEvent, records(30, 30), NOW_MS)
+        roller = sink._roller
+        assert await sink.flush() == {("raw", 0): 60}
+        assert sink._roller is roller, "no rollup started once stopping"
+
+    asyncio.run(scenario())
+    assert metrics.ROLLUPS.labels("failed")._value.get() == failed
+    assert last(store, 0).last_offset == 29
