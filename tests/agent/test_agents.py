@@ -22,6 +22,7 @@ class MemorySink:
     def __init__(self):
         self.rows: dict[str, list[bytes]] = {}
         self.held = False
+        self.closing = False
 
     async def land(self, table, rows, dedup_token):
         self.rows.setdefault(table, []).extend(rows)
