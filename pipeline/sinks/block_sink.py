@@ -172,8 +172,13 @@ class BlockSink:
         if self.rollup_sink.closing and isinstance(exc, StoreUnavailable):
             log.warning("a rollup into pool_minute was cut short by the stop: %s", exc)
             return
+        self._rollup_failed("a rollup into pool_minute failed", exc)
+
+    def _rollup_failed(self, what: str, exc: BaseException) -> None:
+        """Logged and counted; the next rollup waits twice as long (``_rollup_wait``)."""
         self._rollup_failures += 1
-        log.error("a rollup into pool_minute failed (%d in a row)", self._rollup_failures, exc_info=exc)
+        log.error("%s (%d in a row): %s", what, self._rollup_failures, exc,
+                  exc_info=None if isinstance(exc, StoreRejected) else exc)
         metrics.ROLLUPS.labels("failed").inc()
 
     async def rolled_up(self) -> None:
@@ -192,9 +197,7 @@ class BlockSink:
                 try:
                     await self._roll_up()
                 except StoreRejected as exc:
-                    self._rollup_failures += 1
-                    log.error("store refused a rollup into pool_minute (%d in a row): %s", self._rollup_failures, exc)
-                    metrics.ROLLUPS.labels("failed").inc()
+                    self._rollup_failed("store refused a rollup into pool_minute", exc)
                 except rollup.Fenced as exc:   # planned again from the store's record at the next rollup
                     log.warning("a rollup into pool_minute was fenced off: %s", exc)
                     metrics.ROLLUPS.labels("fenced").inc()
@@ -350,4 +353,3 @@ class BlockSink:
         # again for its other partitions); not yet recorded, nothing of it landed
         self.rollups = [queued for queued in self.rollups if all((r[0], r[1]) != where for r in queued[0])]
         self._due = [b for b in self._due if (b.topic, b.partition) != where]
-

@@ -175,8 +175,6 @@ def first_landed(store: Store, topic: str, partition: int) -> int | None:
     return int(row["first"]) if row["n"] else None
 
 
-
-
 @unclassified
 def last_rollups(store: Store, wheres: list[Where], dedup_token: str = "") -> dict[Where, Last]:
     """Each partition's last recorded rollup (partitions with none are left out), and whether the rollup

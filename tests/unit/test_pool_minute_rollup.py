@@ -114,6 +114,14 @@ async def flushed(sink, partitions=None):
     return landed
 
 
+async def reached(entered):
+    """Wait (10 s at most) until a held store call has been entered."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while not entered.is_set():
+        assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
+        await asyncio.sleep(0.01)
+
+
 def test_a_rollup_cut_by_a_crash_is_finished_by_the_partitions_next_owner_and_only_once(store, monkeypatch):
     land(store, records(0, 120))
     land(store, records(0, 30, partition=1))
@@ -297,10 +305,7 @@ def test_a_rollup_cancelled_in_its_store_call_is_run_again_as_it_was(store, monk
         sink = sink_for(store, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
         landing = sink.flush([("raw", 0)])   # a revocation: its landing runs the forced rollup
-        deadline = asyncio.get_running_loop().time() + 10
-        while not entered.is_set():
-            assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
-            await asyncio.sleep(0.01)
+        await reached(entered)
         landing.cancel()   # a stop cancels the landing task while its rollup is in the store
         sink.add(RequestEvent, records(30, 30), NOW_MS)
         later = sink.flush()
@@ -396,10 +401,7 @@ def test_landing_goes_on_while_a_rollup_waits_in_the_store(store):
         sink = sink_for(store, rollup_store=twin, sink_rollup_interval_s=0)
         sink.add(RequestEvent, records(0, 30), NOW_MS)
         assert await sink.flush() == {("raw", 0): 30}
-        deadline = asyncio.get_running_loop().time() + 10
-        while not entered.is_set():
-            assert asyncio.get_running_loop().time() < deadline, "the rollup never reached its insert"
-            await asyncio.sleep(0.01)
+        await reached(entered)
         sink.add(RequestEvent, records(30, 30), NOW_MS)
         assert await asyncio.wait_for(sink.flush(), 10) == {("raw", 0): 60}, "landed while the rollup waits"
         assert terminal(store) == 0
