@@ -35,32 +35,48 @@ def _ecma(pattern: str) -> str:
 KNOWN_GOOD_MAX = 4096   # values remembered per pattern as matching it (tenants, pools, models repeat)
 
 
-def _pattern_check(patterns: list[tuple[str, str]]) -> Callable[[Any], bool]:
-    """One function struct → whether every patterned string property matches its ``pattern``.
+def _pattern_lines(patterns: list[tuple[str, str, bool]], namespace: dict[str, Any]) -> list[str]:
+    """Lines refusing (``return None``) a struct ``s`` whose patterned string property misses its ``pattern``;
+    each pattern's compiled search and memory go into ``namespace``.
 
     Checked after decoding instead of inside msgspec, which matches every
     value every time: most patterned values repeat from event to event
     (tenant, pool, model, replica), so each is matched once and remembered,
     up to ``KNOWN_GOOD_MAX`` values per property, and the regular expression
-    runs only for new ones (ids). Generated as one function: a call per
-    property cost more than the matching it saves. A null or absent value is
-    the struct's type to judge, not the pattern's.
+    runs only for new ones (ids). Generated inline: a call per property cost
+    more than the matching it saves. A null or absent value is the struct's
+    type to judge, not the pattern's; a required property that refuses null
+    is always a string, and is not asked.
     """
-    namespace: dict[str, Any] = {"UNSET": msgspec.UNSET, "MAX": KNOWN_GOOD_MAX}
-    lines = ["def check(s):"]
-    for i, (field, pattern) in enumerate(patterns):
+    lines = []
+    for i, (field, pattern, always_str) in enumerate(patterns):
         if not field.isidentifier():
             raise ValueError(f"fast decoder cannot check property {field!r}")
         namespace[f"search{i}"], namespace[f"known{i}"] = re.compile(pattern).search, set()
+        present = "" if always_str else "v is not None and v is not UNSET and "
         lines += [f"    v = s.{field}",
-                  f"    if v is not None and v is not UNSET and v not in known{i}:",
+                  f"    if {present}v not in known{i}:",
                   f"        if search{i}(v) is None:",
-                  "            return False",
+                  "            return None",
                   f"        if len(known{i}) < MAX:",
                   f"            known{i}.add(v)"]
-    lines.append("    return True")
-    exec("\n".join(lines), namespace)
-    return namespace["check"]
+    return lines
+
+
+def _condition_lines(conditions: list[tuple[str, frozenset, tuple[str, ...], tuple[str, ...]]],
+                     namespace: dict[str, Any]) -> list[str]:
+    """Lines refusing a struct ``s`` that lacks a property an ``if``/``then`` rule requires: absent is None
+    for a property that refuses null, UNSET for one that allows it."""
+    lines = []
+    for i, (field, values, none_if_absent, unset_if_absent) in enumerate(conditions):
+        for name in (field, *none_if_absent, *unset_if_absent):
+            if not name.isidentifier():
+                raise ValueError(f"fast decoder cannot check property {name!r}")
+        namespace[f"values{i}"] = values
+        absent = [f"s.{n} is None" for n in none_if_absent] + [f"s.{n} is UNSET" for n in unset_if_absent]
+        if absent:
+            lines += [f"    if s.{field} in values{i} and ({' or '.join(absent)}):", "        return None"]
+    return lines
 
 
 def _annotation(name: str, spec: dict) -> Any:
@@ -118,27 +134,28 @@ class FastSchema:
         fields.sort(key=lambda f: len(f) == 3)   # required first, as a dataclass declares them
         self.struct = msgspec.defstruct(name, fields, forbid_unknown_fields=True, kw_only=True)
         self.decoder = msgspec.json.Decoder(self.struct)
-        self.conditions = [(field, values, tuple(n for n in needed if n in self.none_when_absent),
-                            tuple(n for n in needed if n not in self.none_when_absent))
-                           for field, values, needed in _conditions(schema)]
-        self.patterns_match = _pattern_check([(p, _ecma(spec["pattern"])) for p, spec in schema["properties"].items()
-                                              if "pattern" in spec])
+        conditions = [(field, values, tuple(n for n in needed if n in self.none_when_absent),
+                       tuple(n for n in needed if n not in self.none_when_absent))
+                      for field, values, needed in _conditions(schema)]
+        patterns = [(p, _ecma(spec["pattern"]), p in required and not _nullable(spec))
+                    for p, spec in schema["properties"].items() if "pattern" in spec]
+        # one namespace for every function generated here: they share the patterns' memories
+        self.namespace: dict[str, Any] = {"UNSET": msgspec.UNSET, "MAX": KNOWN_GOOD_MAX, "decode": self.decoder.decode,
+                                          "ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
+                                          "astuple": msgspec.structs.astuple}
+        self._checks = _pattern_lines(patterns, self.namespace) + _condition_lines(conditions, self.namespace)
+        self._accepted = self._generate("accepted", ["    return s"])
         self._builders: dict[type, Callable[[Any], Any]] = {}
+        self._acceptors: dict[tuple, Callable[[bytes, bytes | None], Any]] = {}
 
-    def _accepted(self, value: bytes) -> Any:
-        """The decoded struct when the schema certainly accepts ``value``, else None."""
-        try:
-            decoded = self.decoder.decode(value)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        if not self.patterns_match(decoded):
-            return None
-        for field, values, none_if_absent, unset_if_absent in self.conditions:
-            if getattr(decoded, field) in values and (any(getattr(decoded, n) is None for n in none_if_absent) or
-                                                      any(getattr(decoded, n) is msgspec.UNSET
-                                                          for n in unset_if_absent)):
-                return None
-        return decoded
+    def _generate(self, name: str, tail: list[str], params: str = "value", **names: Any) -> Callable[..., Any]:
+        """``def name(params)``: decode ``value`` into ``s``, refuse (None) what the schema may not accept,
+        then ``tail``."""
+        self.namespace.update(names)
+        lines = [f"def {name}({params}):", "    try:", "        s = decode(value)", "    except ERRORS:",
+                 "        return None", *self._checks, *tail]
+        exec("\n".join(lines), self.namespace)   # names are the schema's identifiers (checked)
+        return self.namespace[name]
 
     def document(self, value: bytes) -> dict[str, Any] | None:
         """The document when the schema certainly accepts it; None sends it to the full validator."""
@@ -164,6 +181,25 @@ class FastSchema:
             build = self._builders[cls] = _builder(cls, self.struct.__struct_fields__, self.unset_when_absent)
         return build
 
+    def acceptor(self, cls: type, key_field: str, lowered: tuple[str, ...] = ()) -> Callable[[bytes, bytes], Any]:
+        """One generated function (value, key) → the ``cls`` event, or None for the full path to decide: the
+        decode, the schema's checks, the key's agreement with ``key_field`` and the build with ``lowered``
+        properties lower-cased, without a call between them (the control path's cost per event is these
+        steps' calls as much as their work; docs/performance.md, session 41)."""
+        made = self._acceptors.get((cls, key_field, lowered))
+        if made is not None:
+            return made
+        for name in (key_field, *lowered):
+            if name not in self.struct.__struct_fields__ or not name.isidentifier():
+                raise ValueError(f"fast decoder cannot take {name!r} of {cls.__name__} from the struct")
+        n = len(self._acceptors)
+        tail = [f"    if key != s.{key_field}.encode():", "        return None",
+                *_build_lines(cls, self.struct.__struct_fields__, self.unset_when_absent, f"cls{n}"),
+                *[f"    e.{name} = e.{name}.lower()" for name in lowered], "    return e"]
+        made = self._acceptors[(cls, key_field, lowered)] = self._generate(f"accept{n}", tail, "value, key",
+                                                                           **{f"cls{n}": cls})
+        return made
+
 
 def _types(spec: dict) -> list[str]:
     return spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
@@ -174,11 +210,18 @@ def _nullable(spec: dict) -> bool:
 
 
 def _builder(cls: type, names: tuple[str, ...], unset_when_absent: tuple[str, ...]) -> Callable[[Any], Any]:
-    """A function struct → ``cls``: the struct's values as one tuple (in C) passed by position, then UNSET
-    replaced by None (generated: no per-field loop in Python; by name it cost 2 µs an event, the most of
-    any step of the decode). So ``cls`` must declare the schema's properties first (required ones, then
-    the rest, each in the schema's order) and default every property it may lack to None, or this fails
-    rather than build a different event."""
+    """A function struct → ``cls`` (``_build_lines``)."""
+    namespace = {"cls": cls, "UNSET": msgspec.UNSET, "astuple": msgspec.structs.astuple}
+    exec("\n".join(["def build(s):", *_build_lines(cls, names, unset_when_absent, "cls"), "    return e"]), namespace)
+    return namespace["build"]
+
+
+def _build_lines(cls: type, names: tuple[str, ...], unset_when_absent: tuple[str, ...], cls_name: str) -> list[str]:
+    """Lines building ``e``, a ``cls`` (named ``cls_name`` where they run), from the struct ``s``: its values as
+    one tuple (in C) passed by position, then UNSET replaced by None (generated: no per-field loop in Python;
+    by name it cost 2 µs an event, the most of any step of the decode). So ``cls`` must declare the schema's
+    properties first (required ones, then the rest, each in the schema's order) and default every property it
+    may lack to None, or this fails rather than build a different event."""
     import dataclasses
     import keyword
 
@@ -195,11 +238,8 @@ def _builder(cls: type, names: tuple[str, ...], unset_when_absent: tuple[str, ..
             raise ValueError(f"{cls.__name__}.{f.name} defaults to {f.default!r}, not None")
         if f.name not in names and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{f.name} has no default and no property to come from")
-    lines = ["def build(s):", "    e = cls(*astuple(s))"]
-    lines += [f"    if e.{n} is UNSET:\n        e.{n} = None" for n in unset_when_absent]
-    namespace = {"cls": cls, "UNSET": msgspec.UNSET, "astuple": msgspec.structs.astuple}
-    exec("\n".join(lines + ["    return e"]), namespace)   # names are the schema's identifiers
-    return namespace["build"]
+    return [f"    e = {cls_name}(*astuple(s))",
+            *[f"    if e.{n} is UNSET:\n        e.{n} = None" for n in unset_when_absent]]
 
 
 FAST = {name: FastSchema(name) for name in ("request_event", "replica_sample")}

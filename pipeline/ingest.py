@@ -9,11 +9,12 @@ is neither folded nor landed twice.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple
 
-from .events import Event, Rejected, dead_letter, decode
+from .events import ACCEPT, Event, Rejected, dead_letter, decode
 
 
 class Record(NamedTuple):
@@ -45,6 +46,16 @@ class RecentIds:
         if len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
+    def first_time(self, event_id: str) -> bool:
+        """Whether ``event_id`` is not among the recent ones; it is from now on (one call per event)."""
+        ids = self._ids
+        if event_id in ids:
+            return False
+        ids[event_id] = None
+        if len(ids) > self.capacity:
+            ids.popitem(last=False)
+        return True
+
 
 @dataclass
 class Decoded:
@@ -74,6 +85,11 @@ class TimeBounds:
 
     TIME_REASONS = ("event_time_ahead", "event_time_too_old")
 
+    def window(self, now_ms: int) -> tuple[float, float]:
+        """The event times ``check`` passes at ``now_ms``, as (lowest, highest), both included."""
+        return (now_ms - self.max_age_ms if self.max_age_ms else -math.inf,
+                now_ms + self.max_ahead_ms if self.max_ahead_ms is not None else math.inf)
+
     def check(self, event_time: int, now_ms: int) -> Rejected | None:
         if self.max_ahead_ms is not None and event_time > now_ms + self.max_ahead_ms:
             return Rejected("event_time_ahead", f"event_time {event_time} is {(event_time - now_ms) / 1000:.0f} s "
@@ -98,27 +114,28 @@ def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int
     the first landing took that now decodes as rejected (its limits changed with the restart) goes to
     ``redecided``, which lands under a token of its own, as the block's own dead-letter insert is a repeat."""
     out = Decoded()
+    # the usual record takes one generated call (``events.ACCEPT``) and no other; anything it is not certain
+    # of, a time out of bounds or a replay's verdicts take ``_judged``, which names the reason
+    accept = ACCEPT.get(cls) if verdicts is None else None
+    lowest, highest = bounds.window(now_ms)
     for rec in records:
-        verdict = verdicts.get(rec.offset) if verdicts is not None else None
-        if verdict is not None:
-            result = Rejected(verdict[0], "dead-lettered when this block first landed (a replay keeps that)")
-        else:
-            result = decode(cls, rec.value, rec.key, max_bytes)
-            if verdicts is None and not isinstance(result, Rejected):
-                result = bounds.check(result.event_time, now_ms) or result
-        if isinstance(result, Rejected):
-            key, letter = dead_letter(result, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
-                                      rec.timestamp_ms, verdict[1] if verdict is not None else now_ms)
-            if verdicts is not None and verdict is None:
+        value = rec.value
+        result = (accept(value, rec.key) if accept is not None and value is not None and rec.key is not None
+                  and len(value) <= max_bytes else None)
+        if result is None or not lowest <= result.event_time <= highest:
+            result = _judged(cls, rec, max_bytes, now_ms, bounds, verdicts)
+        if isinstance(result, tuple):
+            rejected, letter_ms, fresh = result
+            key, letter = dead_letter(rejected, rec.value, rec.key, rec.topic, rec.partition, rec.offset,
+                                      rec.timestamp_ms, letter_ms)
+            if verdicts is not None and fresh:
                 out.redecided.append(len(out.dead_letters))
             out.dead_letters.append((rec, key, letter))
-            out.reasons[result.reason] = out.reasons.get(result.reason, 0) + 1
+            out.reasons[rejected.reason] = out.reasons.get(rejected.reason, 0) + 1
             continue
-        if seen is not None:
-            if result.event_id in seen:
-                out.duplicates += 1
-                continue
-            seen.add(result.event_id)
+        if seen is not None and not seen.first_time(result.event_id):
+            out.duplicates += 1
+            continue
         out.events.append(result)
         out.sources.append(rec)
         if result.event_time > out.newest_event_ms:
@@ -126,3 +143,17 @@ def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int
         if not out.oldest_event_ms or result.event_time < out.oldest_event_ms:
             out.oldest_event_ms = result.event_time
     return out
+
+
+def _judged(cls: type, rec: Record, max_bytes: int, now_ms: int, bounds: TimeBounds,
+            verdicts: Mapping[int, tuple[str, int]] | None) -> Event | tuple[Rejected, int, bool]:
+    """One record the fast path was not certain of: its event, or its rejection, the dead letter's time and
+    whether it is judged now (not a replayed verdict)."""
+    verdict = verdicts.get(rec.offset) if verdicts is not None else None
+    if verdict is not None:
+        return (Rejected(verdict[0], "dead-lettered when this block first landed (a replay keeps that)"),
+                verdict[1], False)
+    result = decode(cls, rec.value, rec.key, max_bytes)
+    if verdicts is None and not isinstance(result, Rejected):
+        result = bounds.check(result.event_time, now_ms) or result
+    return (result, now_ms, True) if isinstance(result, Rejected) else result

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeline.contract import Invalid
-from pipeline.events import ReplicaSample, RequestEvent, _parse, decode, validate
+from pipeline.events import ACCEPT, ReplicaSample, RequestEvent, _parse, decode, validate
 from pipeline.fast_decode import FAST
 from pipeline.sim.replay import generate, load_trace
 from pipeline.sim.specimens import bad_inputs, replica_sample, request_event
@@ -36,11 +36,37 @@ def agrees(schema: str, value: bytes) -> bool:
         slow = validate(schema, _parse(value))
     except Invalid as exc:
         assert fast is None, f"fast path accepted what the schema refuses ({exc.reason}: {exc.detail}): {value[:300]!r}"
+        key = _key_in(value, CLASSES[schema].key_field)
+        assert key is None or ACCEPT[CLASSES[schema]](value, key) is None, value[:300]
         return False
     if fast is not None:
         assert fast == slow, (fast, slow)
         assert event == CLASSES[schema](**slow), (event, slow)
+    assert accepts_as_the_full_path(schema, value, slow) == (fast is not None)
     return fast is not None
+
+
+def _key_in(value: bytes, key_field: str) -> bytes | None:
+    """The key a producer would give this record: its key field, when the value is an object holding a string."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    key = doc.get(key_field) if isinstance(doc, dict) else None
+    return key.encode("utf-8", "surrogatepass") if isinstance(key, str) else None
+
+
+def accepts_as_the_full_path(schema: str, value: bytes, slow: dict) -> bool:
+    """The workers' one-call fast path (``events.ACCEPT``) under its record's key: the event the full path
+    builds (id lower-cased), or None; under any other key, None (the full path names the mismatch)."""
+    cls = CLASSES[schema]
+    key = slow[cls.key_field].encode()
+    event = ACCEPT[cls](value, key)
+    assert ACCEPT[cls](value, key + b"x") is None and ACCEPT[cls](value, b"") is None
+    if event is not None:
+        assert event == cls(**slow | {"event_id": slow["event_id"].lower()}), (event, slow)
+        assert decode(cls, value, key, 1 << 20) == event
+    return event is not None
 
 
 @pytest.mark.parametrize("path", sorted(p for name in FAST for p in EXAMPLES.glob(f"{name}/*/*.json")),
@@ -134,7 +160,7 @@ def test_a_remembered_value_does_not_let_a_different_one_through_and_memory_is_b
         assert not agrees("request_event", orjson.dumps(doc | {"tenant": bad}))
     for i in range(KNOWN_GOOD_MAX + 100):                       # ids never repeat: the memory stops growing
         agrees("request_event", orjson.dumps(doc | {"task_id": f"task-{i}"}))
-    known = [v for k, v in FAST["request_event"].patterns_match.__globals__.items() if k.startswith("known")]
+    known = [v for k, v in FAST["request_event"].namespace.items() if k.startswith("known")]
     assert known and max(len(k) for k in known) <= KNOWN_GOOD_MAX
 
 
