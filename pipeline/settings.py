@@ -155,7 +155,9 @@ class Settings:
         "insert, at about a quarter of the landing path's time; docs/storage.md).", min=0, max=600))
     dedup_recent_ids: int = field(default=20000, metadata=_doc(
         "Event ids per source partition each path remembers to drop a re-sent event (a producer retry) "
-        "before it is folded or landed; the landing path reloads them from the store after a restart.", min=0, max=10_000_000))
+        "before it is folded or landed: the landing path exactly the last this many, reloaded from the store "
+        "after a restart; the control path at least the last this many and at most about twice.",
+        min=0, max=10_000_000))
     store_fsync: bool = field(default=True, metadata=_doc(
         "Landed tables fsync each part and its directory before an insert returns, so rows are on disk "
         "before their offsets are committed (a host crash loses nothing). Off: about 20% more rows/s, and "

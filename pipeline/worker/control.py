@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics, topics
 from ..events import Event, ReplicaSample, RequestEvent
-from ..ingest import Record, RecentIds, TimeBounds, decode_records
+from ..ingest import Record, RecentIdGenerations, TimeBounds, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
@@ -48,7 +48,7 @@ class ControlConsumer(BatchLoop):
         self.bounds = TimeBounds.of(settings)
         self.partials_topic = partials_topic
         self.builders: dict[Where, PartialBuilder] = {}
-        self.recent_ids: dict[Where, RecentIds] = {}
+        self.recent_ids: dict[Where, RecentIdGenerations] = {}
         self.cut_start: dict[Where, int] = {}   # first offset not yet in a published partial
         self.folded_to: dict[Where, int] = {}   # last offset folded
         self.replays: dict[Where, int] = {}     # a cut to repeat exactly, after assignment: its end
@@ -101,7 +101,9 @@ class ControlConsumer(BatchLoop):
         s = self.settings
         if not records:
             return
-        seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None
+        seen = self.recent_ids.get(where)
+        if seen is None and s.dedup_recent_ids:
+            seen = self.recent_ids[where] = RecentIdGenerations(s.dedup_recent_ids)
         now_ms = int(time.time() * 1000)
         decoded = decode_records(cls, records, s.max_event_bytes, now_ms, seen, self.bounds)
         if decoded.dead_letters:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import RecentIds, Record, TimeBounds, decode_records
+from pipeline.ingest import RecentIdGenerations, RecentIds, Record, TimeBounds, decode_records
 from pipeline.load.partial import PartialBuilder
 from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
@@ -46,6 +46,43 @@ def test_recent_ids_forget_the_oldest_beyond_capacity():
     ids = RecentIds(2, ["a", "b"])
     ids.add("c")
     assert "a" not in ids and "b" in ids and "c" in ids and len(ids) == 2
+
+
+@given(st.lists(st.lists(st.integers(0, 40), max_size=12), max_size=30), st.integers(1, 8))
+def test_the_control_paths_id_generations_remember_the_last_capacity_and_never_past_twice(batches, capacity):
+    """Against a brute-force history: an id among the last ``capacity`` first sightings is always a repeat,
+    one not in the last 2 × capacity + the largest batch never is; in between either. Batches with and without
+    repeats take the two ways through ``first_times``."""
+    window, firsts, biggest = RecentIdGenerations(capacity), [], 0
+    for batch in batches:
+        ids = [f"id-{i}" for i in batch]
+        biggest = max(biggest, len(ids))
+        fresh = window.first_times(ids)
+        fresh = [True] * len(ids) if fresh is None else fresh
+        for event_id, new in zip(ids, fresh):
+            if event_id in firsts[-capacity:]:
+                assert not new, (event_id, firsts[-capacity:])
+            elif event_id not in firsts[-(2 * capacity + biggest):]:
+                assert new, event_id
+            if new:
+                firsts.append(event_id)
+        assert len(window) <= 2 * capacity + biggest
+
+
+def test_duplicates_within_a_batch_and_against_the_window_are_dropped_in_order():
+    events = [request_event(task_id=f"t{i}", request_id=f"t{i}-r1", event_time=1_000 + i) for i in range(4)]
+    again = [events[1], events[3]]
+
+    def records(docs, start):
+        return [Record("raw", 0, start + i, 1, d["task_id"].encode(), orjson.dumps(d)) for i, d in enumerate(docs)]
+
+    for window in (RecentIds(10), RecentIdGenerations(10)):
+        first = decode_records(RequestEvent, records(events + again, 0), 1 << 20, 0, window)
+        assert [s.offset for s in first.sources] == [0, 1, 2, 3] and first.duplicates == 2
+        assert (first.oldest_event_ms, first.newest_event_ms) == (1_000, 1_003)
+        later = decode_records(RequestEvent, records(again + [request_event(event_time=5)], 6), 1 << 20, 0, window)
+        assert [s.offset for s in later.sources] == [8] and later.duplicates == 2
+        assert later.oldest_event_ms == later.newest_event_ms == 5
 
 
 def test_admission_signals_land_as_rows():
