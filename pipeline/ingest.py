@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Iterable, Mapping, NamedTuple
 
 from .events import ACCEPT, Event, Rejected, dead_letter, decode
@@ -24,6 +26,18 @@ class Record(NamedTuple):
     timestamp_ms: int | None
     key: bytes | None
     value: bytes | None
+
+
+def by_partition(records: Iterable[Record]) -> dict[int, list[Record]]:
+    """One topic's records per partition, each partition's in their order. A fetch gives each partition's
+    records as one run, so the runs are joined (``groupby``, in C), not each record appended."""
+    out: dict[int, list[Record]] = {}
+    for partition, run in groupby(records, PARTITION):
+        out.setdefault(partition, []).extend(run)
+    return out
+
+
+PARTITION = attrgetter("partition")
 
 
 class RecentIds:

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Iterable
 
 from .. import metrics
 from ..events import AdmissionSignal
-from ..ingest import Record, RecentIds, TimeBounds
+from ..ingest import Record, RecentIds, TimeBounds, by_partition
 from ..settings import Settings
 from . import positions, rollup
 from .blocks import (DEAD_LETTER_TABLE, STORE_REJECTED, TABLE_OF, BlockOutcome, PartitionCursor, cut_blocks,
@@ -69,11 +69,8 @@ class BlockSink:
     def add(self, cls: type, records: list[Record], now_ms: int) -> list[BlockOutcome]:
         """Cut, decode and gather one fetched batch of one topic; the blocks it made (for accounting)."""
         s = self.settings
-        by_partition: dict[int, list[Record]] = {}
-        for rec in records:
-            by_partition.setdefault(rec.partition, []).append(rec)
         made = []
-        for partition, recs in by_partition.items():
+        for partition, recs in by_partition(records).items():
             where = (recs[0].topic, partition)
             cursor = self.cursors.setdefault(where, PartitionCursor())
             seen = self.recent_ids.setdefault(where, RecentIds(s.dedup_recent_ids)) if s.dedup_recent_ids else None

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics, topics
 from ..events import Event, ReplicaSample, RequestEvent
-from ..ingest import Record, RecentIdGenerations, TimeBounds, decode_records
+from ..ingest import Record, RecentIdGenerations, TimeBounds, by_partition, decode_records
 from ..load.partial import PartialBuilder
 from ..settings import Settings
 from .consumer import BatchLoop, commit, committed_with_metadata
@@ -78,11 +78,8 @@ class ControlConsumer(BatchLoop):
         again; a revoke that slipped into a fold would leave a builder for a partition no longer ours.
         """
         started = time.perf_counter()
-        by_partition: dict[int, list[Record]] = {}
-        for rec in records:
-            by_partition.setdefault(rec.partition, []).append(rec)
         async with self._lock:
-            for partition, recs in by_partition.items():
+            for partition, recs in by_partition(records).items():
                 where = (recs[0].topic, partition)
                 if self.consumer is not None and where not in self.owned:
                     continue  # revoked while this batch waited for the lock: its next owner reads it

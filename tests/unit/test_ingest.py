@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeline.events import AdmissionSignal, RequestEvent
-from pipeline.ingest import RecentIdGenerations, RecentIds, Record, TimeBounds, decode_records
+from pipeline.ingest import RecentIdGenerations, RecentIds, Record, TimeBounds, by_partition, decode_records
 from pipeline.load.partial import PartialBuilder
 from pipeline.sinks.blocks import PartitionCursor, event_time_text, process_block
 from pipeline.sim.specimens import request_event
@@ -83,6 +83,15 @@ def test_duplicates_within_a_batch_and_against_the_window_are_dropped_in_order()
         later = decode_records(RequestEvent, records(again + [request_event(event_time=5)], 6), 1 << 20, 0, window)
         assert [s.offset for s in later.sources] == [8] and later.duplicates == 2
         assert later.oldest_event_ms == later.newest_event_ms == 5
+
+
+@given(st.lists(st.integers(0, 3), max_size=40))
+def test_records_by_partition_keep_each_partitions_order_however_the_runs_interleave(partitions):
+    records = [Record("raw", p, i, None, b"k", b"v") for i, p in enumerate(partitions)]
+    grouped = by_partition(records)
+    assert sorted(grouped) == sorted(set(partitions))
+    for p, recs in grouped.items():
+        assert recs == [r for r in records if r.partition == p]
 
 
 def test_admission_signals_land_as_rows():
