@@ -178,8 +178,11 @@ def decode_records(cls: type, records: list[Record], max_bytes: int, now_ms: int
     lowest, highest = bounds.window(now_ms)
     for rec in records:
         value = rec.value
-        result = (accept(value, rec.key) if accept is not None and value is not None and rec.key is not None
-                  and len(value) <= max_bytes else None)
+        try:
+            result = (accept(value, rec.key) if accept is not None and value is not None and rec.key is not None
+                      and len(value) <= max_bytes else None)
+        except Exception:   # a fast-path bug sends its record down the full path (a dead letter), not the batch
+            result = None
         if result is None or not lowest <= result.event_time <= highest:
             result = _judged(cls, rec, max_bytes, now_ms, bounds, verdicts)
         if isinstance(result, tuple):

@@ -94,6 +94,27 @@ def test_records_by_partition_keep_each_partitions_order_however_the_runs_interl
         assert recs == [r for r in records if r.partition == p]
 
 
+def test_a_fast_path_that_raises_costs_its_record_a_dead_letter_not_the_batch(monkeypatch):
+    import base64
+
+    import pipeline.events as events
+
+    good, bad = request_event(task_id="t-good"), request_event(task_id="t-bad")
+    real = events.ACCEPT[RequestEvent]
+
+    def broken(value, key):
+        if key == b"t-bad":
+            raise AttributeError("a bug in the generated code")
+        return real(value, key)
+
+    monkeypatch.setitem(events.ACCEPT, RequestEvent, broken)
+    records = [Record("raw", 0, i, 1, d["task_id"].encode(), orjson.dumps(d)) for i, d in enumerate((bad, good))]
+    decoded = decode_records(RequestEvent, records, 1 << 20, 0)
+    assert [e.task_id for e in decoded.events] == ["t-good"] and decoded.reasons == {"malformed_json": 1}
+    (rec, _, letter), = decoded.dead_letters
+    assert rec.offset == 0 and orjson.loads(letter)["value_b64"] == base64.b64encode(rec.value).decode()
+
+
 def test_admission_signals_land_as_rows():
     from pipeline.admission.signing import sign
     from tests.unit.test_signing import example_signal
