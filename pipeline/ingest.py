@@ -56,9 +56,7 @@ class RecentIds:
         return len(self._ids)
 
     def add(self, event_id: str) -> None:
-        self._ids[event_id] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
+        self.first_times([event_id])
 
     def first_times(self, event_ids: list[str]) -> list[bool] | None:
         """Per id, in order, whether it is not among the recent ones (it is from then on); None when none is."""
