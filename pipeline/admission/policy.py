@@ -230,6 +230,7 @@ class Decision:
     held_since_ms: int = 0  # when the deadband started holding a turn (0: not holding)
     capacity_rps: float = 0.0  # requests/s the feed-forward budgeted (0: the profile's figure)
     capacity_measured: bool = False  # ... and whether that was below the profile's, from a standing queue
+    capacity_limit_rps: float = 0.0  # the demand axis's limit (profile × fresh replicas) it was carried at
     tenant_levels: tuple[tuple[str, float], ...] = ()  # tenants above their fair share: their own shed level
     tenant_held: tuple[tuple[str, tuple[int, int]], ...] = ()  # the deadband's holds of tenant levels: since, side
     rest_level: float = 0.0  # the level every other tenant gets (at most shed_level: what fairness gives back)
@@ -336,6 +337,26 @@ def serving_capacity(picture: Mapping[str, Any], previous_rps: float, leading: f
     if leading >= cfg.recover_pressure:
         return min(limit, previous_rps)   # no headroom shown yet: hold
     return min(limit, previous_rps + cfg.capacity_recovery * limit)
+
+
+def carried_capacity(picture: Mapping[str, Any], previous: Decision) -> float:
+    """The previous tick's measured serving capacity (0: none), per replica: scaled by the replicas heard from
+    since it was measured (the demand axis's limit is the profile's figure × the fresh replicas).
+
+    A standing queue measures what the replicas alive *then* serve; held as requests/s, a figure measured
+    while three of ten replicas were lost kept the whole fleet at seven replicas' budget after they came
+    back, for as long as the leading axes read busy (replica-loss: sheddable work shed for a minute at
+    half the KV cache). Replicas lost later scale it down the same way.
+    """
+    if not previous.capacity_measured or not previous.capacity_rps:
+        return 0.0
+    then = previous.capacity_limit_rps
+    return previous.capacity_rps * _demand_limit(picture) / then if then > 0 else previous.capacity_rps
+
+
+def _demand_limit(picture: Mapping[str, Any]) -> float:
+    limit = float(picture["axes"]["demand"]["limit"])
+    return limit if math.isfinite(limit) and limit > 0 else 0.0
 
 
 MIN_RECENT_PROMPTS = 10   # fewer newest arrivals than this with a prompt size say nothing about the mix
@@ -550,8 +571,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
         # only a measured figure carries over: the profile's figure of a pool whose replicas are still
         # being heard from (two of ten sampled at a worker's start) is not a measurement to climb back from
-        capacity = serving_capacity(picture, previous.capacity_rps if previous.capacity_measured else 0.0,
-                                    leading, cfg)
+        capacity = serving_capacity(picture, carried_capacity(picture, previous), leading, cfg)
         # heavier arrivals budget the profile's figure ÷ the shift at once; it is kept (held, then let go as a
         # measured figure is) only once the leading axes confirm the fleet is busy, so an unconfirmed shift
         # costs the ticks it lasts, never the minute a held figure takes to relax. Through a turn the window is
@@ -680,7 +700,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     trim=round(trim, 6), seq=seq, last_fresh_ms=last_fresh, watermark_ms=max(
                         previous.watermark_ms, picture["watermark_ms"]),
                     stale_since_ms=stale_since, direction=direction, held_since_ms=held_since,
-                    capacity_rps=round(capacity, 6), capacity_measured=measured, mix_reference=round(reference, 3),
+                    capacity_rps=round(capacity, 6), capacity_measured=measured,
+                    capacity_limit_rps=_demand_limit(picture),
+                    mix_reference=round(reference, 3),
                     mix_confirmed=confirmed,
                     tenant_levels=tuple(tenants.items()), tenant_held=tuple(sorted(tenant_held.items())),
                     rest_level=round(rest, 6), rest_direction=rest_direction, rest_held_since_ms=rest_held,

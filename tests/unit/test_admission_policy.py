@@ -434,6 +434,18 @@ def test_a_measured_capacity_is_held_without_headroom_and_relaxes_back_with_it()
     assert capacities[-1] == 40.0 and max(capacities) == 40.0   # back to the profile's figure, never above it
 
 
+def test_a_measured_capacity_is_per_replica_it_follows_replicas_that_come_back_or_go():
+    """Measured with 7 replicas heard from (limit 28), the figure is what those 7 serve: when the other 3 are
+    back (limit 40) the fleet is not held at 7 replicas' budget while it stays busy; losing replicas scales it
+    down the same way."""
+    d = decide(heavy(TICK, queue=1.5, drain=7.0, kv_cache=0.8, limit=28.0), Decision("p"), CFG, TICK)
+    assert d.capacity_rps == 7.0 and d.capacity_measured and d.capacity_limit_rps == 28.0
+    back = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.95), d, CFG, 2 * TICK)   # busy: held, per replica
+    assert back.capacity_rps == pytest.approx(10.0) and back.capacity_limit_rps == 40.0
+    lost = decide(heavy(3 * TICK, queue=0.1, kv_cache=0.95, limit=20.0), back, CFG, 3 * TICK)
+    assert lost.capacity_rps == pytest.approx(5.0) and lost.capacity_measured
+
+
 def test_a_queue_beside_idle_replicas_is_no_measurement():
     """One replica reporting an absurd ``requests_waiting`` while the fleet idles (KV and compute low), or a
     queue forming as admission reopens after shedding while completions are still few: not the pool's
@@ -622,10 +634,12 @@ def test_the_profiles_figure_of_a_pool_still_being_heard_from_is_not_a_measureme
 
 
 def test_a_measured_figure_carries_over_when_replicas_join():
+    """Carried per replica (twice the replicas: twice the figure), then relaxed toward the profile's with headroom,
+    not reset to it."""
     measured = decide(heavy(TICK, queue=1.5, drain=10.0, kv_cache=0.8), Decision("p"), CFG, TICK)
     assert measured.capacity_measured
     grown = decide(heavy(2 * TICK, queue=0.1, kv_cache=0.5, limit=80.0), measured, CFG, 2 * TICK)
-    assert grown.capacity_rps == pytest.approx(10.0 + CFG.capacity_recovery * 80.0) and grown.capacity_measured
+    assert grown.capacity_rps == pytest.approx(20.0 + CFG.capacity_recovery * 80.0) and grown.capacity_measured
 
 
 def test_a_deadband_hold_never_outlasts_the_dwell_of_the_clock_as_it_reads_now():
