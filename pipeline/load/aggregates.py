@@ -39,9 +39,11 @@ IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
 # per tenant: received, admitted, then received per class (a tenant's class mix: fair shares shed its own
-# lower classes first)
+# lower classes first), then attempts finished (completed or failed) and their tokens, prompt and output (a
+# tenant's work per request: fair shares that shed a heavy tenant admit lighter work in its place)
 TENANT_CLASS_AT = {name: 2 + i for i, name in enumerate(PRIORITIES)}
-TENANT_COUNTS = 2 + len(PRIORITIES)
+TENANT_WORK_AT = 2 + len(PRIORITIES)
+TENANT_COUNTS = TENANT_WORK_AT + 2
 MAX_TENANT_NAME = 64        # request_event.v1's maxLength for tenant: a partial's longer names are not tenants
 REPLICA_SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_hits", "prefix_queries",
                 "gpu_seconds")
@@ -55,7 +57,8 @@ class RequestAgg:
     def __init__(self) -> None:
         self.counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.sketches: dict[str, QuantileSketch] = {}
-        # tenant → [attempts received, attempts admitted, then received per class in PRIORITIES' order]
+        # tenant → [attempts received, attempts admitted, received per class in PRIORITIES' order, attempts
+        # finished, their prompt and output tokens]
         self.tenants: dict[str, list[int]] = {}
 
     def _tenant(self, name: str) -> list[int]:
@@ -118,6 +121,9 @@ class RequestAgg:
                 self._censored(e)
             c["input_tokens"] += e.input_tokens or 0
             c["output_tokens"] += e.output_tokens or 0
+            counts = self._tenant(e.tenant)
+            counts[TENANT_WORK_AT] += 1
+            counts[TENANT_WORK_AT + 1] += (e.input_tokens or 0) + (e.output_tokens or 0)
             c["cached_input_tokens"] += e.cached_input_tokens or 0
             if e.queue_s is not None:
                 self._sketch("queue").add(e.queue_s)
@@ -167,9 +173,12 @@ class RequestAgg:
             # [received, admitted] and ignores keys it does not know) keeps reading these partials while
             # workers are rolled one at a time, and a rolled-back one reads the stored ones
             out["tenants"] = {name: c[:2] for name, c in self.tenants.items()}
-            classes = {name: c[2:] for name, c in self.tenants.items() if any(c[2:])}
+            classes = {name: c[2:TENANT_WORK_AT] for name, c in self.tenants.items() if any(c[2:TENANT_WORK_AT])}
             if classes:
                 out["tenant_classes"] = classes
+            work = {name: c[TENANT_WORK_AT:] for name, c in self.tenants.items() if any(c[TENANT_WORK_AT:])}
+            if work:
+                out["tenant_work"] = work
         return out
 
     def _read_tenants(self, value: Any, key: str, start: int, width: int) -> None:
@@ -198,6 +207,8 @@ class RequestAgg:
                 agg._read_tenants(value, key, 0, 2)
             elif key == "tenant_classes":
                 agg._read_tenants(value, key, 2, len(PRIORITIES))
+            elif key == "tenant_work":
+                agg._read_tenants(value, key, TENANT_WORK_AT, TENANT_COUNTS - TENANT_WORK_AT)
             elif key in agg.counts:
                 agg.counts[key] = count(value, key)
         return agg

@@ -441,6 +441,9 @@ def _tenants(rows: Any) -> None:
             for name in PRIORITIES:
                 _number(_field(by_class, name, NUMBER, "tenants[].offered_rps_by_class"),
                         f"tenants[].offered_rps_by_class.{name}")
+        for name in ("finished_rps", "finished_tokens_per_s"):
+            if name in row:
+                _number(_field(row, name, NUMBER, "tenants[]"), f"tenants[].{name}")
 
 
 JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",

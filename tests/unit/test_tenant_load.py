@@ -80,7 +80,7 @@ def test_a_tenants_offered_work_is_counted_per_class_and_partials_of_older_worke
     old = RequestAgg.from_dict({"received": 3, "tenants": {"a": [3, 1]}})
     new = RequestAgg.from_dict({"received": 1, "tenants": {"a": [1, 1]}, "tenant_classes": {"a": [0, 1, 0, 0]}})
     old.merge_counts(new)
-    assert old.tenants["a"] == [4, 2, 0, 1, 0, 0]
+    assert old.tenants["a"] == [4, 2, 0, 1, 0, 0, 0, 0]
 
 
 def test_a_worker_from_before_the_per_class_counts_still_reads_the_partials():
@@ -94,6 +94,40 @@ def test_a_worker_from_before_the_per_class_counts_still_reads_the_partials():
     assert RequestAgg.from_dict(older).tenants["a"][:2] == [1, 0]
 
 
+def finished(second: int, tenant: str, n: int, prompt: int, output: int) -> RequestEvent:
+    return RequestEvent(**request_event(event_time=second * 1000 + 500, pool="p", tenant=tenant, phase="completed",
+                                        task_id=f"{tenant}-{second}-{n}", request_id=f"{tenant}-{second}-{n}-r",
+                                        input_tokens=prompt, output_tokens=output))
+
+
+def test_a_tenants_work_per_request_is_counted_from_its_finished_attempts():
+    """Fair shares change whose requests are admitted, and tenants' requests differ: the picture says each
+    tenant's prompt and output tokens per finished attempt, and the wire carries them under a key an older
+    worker ignores."""
+    events = []
+    for second in range(101, 111):
+        events += [finished(second, "heavy", n, 3000, 400) for n in range(2)]
+        events += [finished(second, "light", n, 500, 100) for n in range(4)]
+    rows = {r["tenant"]: r for r in picture_of(events)["tenants"]}
+    assert rows["heavy"]["finished_tokens_per_s"] / rows["heavy"]["finished_rps"] == pytest.approx(3400)
+    assert rows["light"]["finished_tokens_per_s"] / rows["light"]["finished_rps"] == pytest.approx(600)
+    assert rows["light"]["finished_rps"] == pytest.approx(2 * rows["heavy"]["finished_rps"])
+    assert not list(reference("load_picture").iter_errors(picture_of(events)))
+    agg = RequestAgg()
+    agg.fold(finished(100, "a", 0, 1000, 100))
+    wire = agg.to_dict()
+    assert wire["tenant_work"] == {"a": [1, 1100]}
+    assert RequestAgg.from_dict(wire).tenants["a"] == agg.tenants["a"]
+    older = {k: v for k, v in wire.items() if k != "tenant_work"}   # from a worker before the work counts
+    assert RequestAgg.from_dict(older).tenants["a"][-2:] == [0, 0]
+
+
+@pytest.mark.parametrize("hostile", [{"a": [1]}, {"a": [1, 2, 3]}, {"a": [1, -5]}, {"a": [1, 1.5]}, [1, 2]])
+def test_tenant_work_counts_of_the_wrong_shape_refuse_the_partial(hostile):
+    with pytest.raises(ValueError):
+        RequestAgg.from_dict({"received": 1, "tenant_work": hostile})
+
+
 @pytest.mark.parametrize("hostile", [{"a": [1, 2, 3]}, {"a": [0, 0, 0, 0, 0]}, {"a": [0, -1, 0, 0]}, [1, 2, 3, 4]])
 def test_per_class_tenant_counts_of_the_wrong_shape_refuse_the_partial(hostile):
     with pytest.raises(ValueError):
@@ -104,7 +138,9 @@ def test_per_class_tenant_counts_of_the_wrong_shape_refuse_the_partial(hostile):
     ("x", "array"), ([{"tenant": "a"}] * 18, "at most"), ([{"tenant": "", "offered_rps": 1, "admitted_rps": 1}], "1 to 64"),
     ([{"tenant": "a", "offered_rps": -1, "admitted_rps": 1}], "negative"),
     ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "offered_rps_by_class": {"critical": 1}}], "has no standard"),
-    ([{"tenant": "a", "offered_rps": "1", "admitted_rps": 1}], "number")])
+    ([{"tenant": "a", "offered_rps": "1", "admitted_rps": 1}], "number"),
+    ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "finished_tokens_per_s": -1}], "negative"),
+    ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "finished_rps": None}], "number")])
 def test_a_picture_whose_tenants_the_policy_could_trip_on_is_refused_by_its_readers(rows, why):
     """Any worker reads every picture of the load topic: tenant rows the fair shares read are checked too."""
     import orjson
