@@ -67,8 +67,8 @@ from typing import Any, Mapping, Sequence
 from ..events import PRIORITIES
 from ..load.picture import pressure
 from .signing import MAX_VALIDITY_S
-from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, class_share, fit_level, level_for_the_rest,
-                            shared_level, tenant_rates, wanted_levels)
+from .tenant_shares import (CRITICAL_LINE, MAX_LISTED, SHED_ORDER, admitted_work_ratio, class_share, fit_level,
+                            level_for_the_rest, shared_level, tenant_rates, wanted_levels)
 
 STATES = ("ok", "pressured", "overloaded", "critical")
 MAX_RETRY_AFTER_S = 300.0   # the longest retry-after sized from the queue's drain (a deferral's: defer_min_s if longer)
@@ -271,13 +271,15 @@ def _top_level(cfg: AdmissionConfig) -> float:
     return len(SHED_ORDER) - cfg.critical_floor
 
 
-def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> float:
+def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig, work: float = 1.0) -> float:
     """The largest pressure among the driving axes, with demand read at the *admitted* rate.
 
     The demand axis reports offered load (every arrival, retries included);
     shedding cannot lower that, so an integrating policy driven by it would
     shed ever more while the fleet sits idle. What admission controls is
-    the admitted rate, so that is what it is judged on.
+    the admitted rate, so that is what it is judged on — × ``work``, how
+    many times an admitted request's work is an offered one's while fair
+    shares pick whose requests are admitted (``admitted_work_ratio``).
     """
     out = 0.0
     for name in cfg.axes:
@@ -286,17 +288,18 @@ def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig) -> floa
         if name == "demand":
             admitted = (axis.get("detail") or {}).get("admitted_rps")
             if admitted is not None:
-                value = pressure(admitted, axis["limit"])
+                value = pressure(admitted * work, axis["limit"])
         out = max(out, value)
     return out
 
 
-def busy(picture: Mapping[str, Any]) -> float:
-    """How busy the fleet is with what was admitted: the admitted rate, KV cache or compute, whichever is
-    nearest its limit."""
+def busy(picture: Mapping[str, Any], work: float = 1.0) -> float:
+    """How busy the fleet is with what was admitted: the admitted rate (× ``work``, as in
+    ``admission_pressure``), KV cache or compute, whichever is nearest its limit."""
     demand = picture["axes"]["demand"]
     admitted = (demand.get("detail") or {}).get("admitted_rps")
-    admitted_pressure = pressure(admitted, demand["limit"]) if admitted is not None else float(demand["pressure"])
+    admitted_pressure = (pressure(admitted * work, demand["limit"]) if admitted is not None
+                         else float(demand["pressure"]))
     return max(admitted_pressure, replicas_busy(picture))
 
 
@@ -540,7 +543,9 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
     advanced = picture["watermark_ms"] > previous.watermark_ms
     last_fresh = now_ms if advanced or previous.last_fresh_ms == 0 else previous.last_fresh_ms
     stale = now_ms - last_fresh > cfg.stale_after_s * 1000
-    pressure = admission_pressure(picture, cfg)
+    listed_before = cfg.tenant_fairness and any(lvl > previous.rest_level for _, lvl in previous.tenant_levels)
+    work = admitted_work_ratio(picture.get("tenants") or (), _fast_window_s(picture)) if listed_before else 1.0
+    pressure = admission_pressure(picture, cfg, work)
     reasons = [{"axis": name, "value": round(axis["pressure"], 6), "threshold": 1.0,
                 "note": f"{name} at {axis['pressure']:.2f} of its limit"}
                for name, axis in picture["axes"].items() if axis["pressure"] >= cfg.reason_threshold]
@@ -564,11 +569,14 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
                     "threshold": cfg.stale_after_s, "note": "no new events for the pool: holding, then relaxing"}]
     else:
         stale_since = None
+        if work != 1.0:
+            reasons.append({"axis": "demand", "value": round(work, 6), "threshold": 1.0,
+                            "note": f"tenants listed: a request admitted is {work:.2f}× the work of one offered"})
         prior = "ok" if previous.state == "stale" else previous.state
         state = _state_for(pressure, prior, previous.state_since_ms, now_ms, cfg)
         since = previous.state_since_ms if state == previous.state else now_ms
         top = _top_level(cfg)
-        leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes))
+        leading = admission_pressure(picture, replace(cfg, axes=cfg.proportional_axes), work)
         # only a measured figure carries over: the profile's figure of a pool whose replicas are still
         # being heard from (two of ten sampled at a worker's start) is not a measurement to climb back from
         capacity = serving_capacity(picture, carried_capacity(picture, previous), leading, cfg)
@@ -604,7 +612,7 @@ def decide(picture: Mapping[str, Any], previous: Decision, cfg: AdmissionConfig,
         queue, sampled = picture["axes"]["queue"], picture["replicas"]
         queue_known = queue["value"] is not None or sampled["fresh"] + sampled["unhealthy"] > 0
         current = leading >= cfg.recover_pressure or not queue_known or float(queue["pressure"]) > 0
-        trim = _integrated_trim(previous, pressure, busy(picture), forward + now_term, current, cfg)
+        trim = _integrated_trim(previous, pressure, busy(picture, work), forward + now_term, current, cfg)
         trim = min(max(trim, -forward), top - forward)   # no wind-up past either end
         desired = min(max(forward + trim + now_term, 0.0), top)
         turn = desired - previous.shed_level

@@ -150,3 +150,42 @@ def level_for_the_rest(by_tenant: Mapping[str, Sequence[float]], pool_offered: M
         budget -= admitted_at(rates, levels[name])
         rest = [r - t for r, t in zip(rest, rates)]
     return min(pool_level, max(floor, fit_level([max(0.0, r) for r in rest], max(0.0, budget), top)))
+
+
+MIN_TENANT_FINISHED = 10   # fewer finished attempts in the window than this say nothing about a tenant's work
+MAX_WORK_RATIO = 2.0       # how far the tenants' work per request may move the requests/s ceiling, either way
+
+
+def admitted_work_ratio(rows: Sequence[Mapping[str, Any]], window_s: float) -> float:
+    """How many times the work of a request admitted is that of one offered (1.0 where unknown), from each
+    tenant's work per request: the prompt and output tokens of its finished attempts over the window.
+
+    Fair shares change *whose* requests are admitted, and the demand axis's ceiling counts requests. A
+    tenant's requests differ from another's (the noisy neighbour's stretch of the trace had 234 output
+    tokens a request against 129–221), so shedding a heavy tenant and admitting lighter work in its place at
+    the same requests/s left the fleet under-filled: the KV cache at 0.54–0.67 of its limit against
+    0.63–0.81 without fairness. Read as work, the ceiling admits what the pool's level would admit without
+    fairness. A tenant with fewer than ``MIN_TENANT_FINISHED`` finished attempts in the window counts at
+    the pool's mean; the ratio is bounded by ``MAX_WORK_RATIO`` either way (the rows come from partials).
+    """
+    finished = sum(float(row.get("finished_rps", 0.0)) for row in rows)
+    tokens = sum(float(row.get("finished_tokens_per_s", 0.0)) for row in rows)
+    if not (math.isfinite(finished) and math.isfinite(tokens)) or finished * window_s < MIN_TENANT_FINISHED \
+            or tokens <= 0:
+        return 1.0
+    mean = tokens / finished
+
+    def work(row: Mapping[str, Any]) -> float:
+        done = float(row.get("finished_rps", 0.0))
+        return float(row.get("finished_tokens_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED \
+            else mean
+
+    offered = sum(float(row["offered_rps"]) for row in rows)
+    admitted = sum(float(row["admitted_rps"]) for row in rows)
+    if not (offered > 0 and admitted > 0 and math.isfinite(offered) and math.isfinite(admitted)):
+        return 1.0
+    admitted_work = sum(float(row["admitted_rps"]) * work(row) for row in rows) / admitted
+    offered_work = sum(float(row["offered_rps"]) * work(row) for row in rows) / offered
+    if not (admitted_work > 0 and offered_work > 0 and math.isfinite(admitted_work) and math.isfinite(offered_work)):
+        return 1.0
+    return min(max(admitted_work / offered_work, 1.0 / MAX_WORK_RATIO), MAX_WORK_RATIO)

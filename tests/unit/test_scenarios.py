@@ -67,8 +67,9 @@ def untuned_goals(computed):
 
 # scenario → least SLO-goodput vs Sluice without fairness where fairness still costs some: rejections concentrated
 # on the bursting tenant use up its tasks' retries, where rejections spread over every tenant let shed tasks
-# survive into the capacity after the burst (docs/simulator.md, "Fair shares between tenants")
-FAIRNESS_COST = {"noisy-neighbour": 0.98}
+# survive into the capacity after the burst (docs/simulator.md, "Fair shares between tenants"). Seeds 1-5 since
+# the requests/s ceiling is read in work while a tenant is listed (session 43): 0.993-1.009 (seed 1 0.997)
+FAIRNESS_COST = {"noisy-neighbour": 0.99}
 
 
 def assert_every_goal_met(line: dict, fairness_cost: float | None = None) -> None:
@@ -115,10 +116,10 @@ def test_goals_hold_with_clients_that_ignore_retry_after(computed, scenario):
     clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants within 0.0004 of
     their run without the burst, the bursting tenant 0.948-0.972 of the refusals since a tenant's level is
     held for at most the dwell; docs/simulator.md, "Clients that ignore Retry-After"). Fairness's cost
-    spreads wider with them (0.981-1.003x Sluice without fairness; seed 1 0.981), so its pin is a point
-    lower."""
+    spreads wider with them (0.988-1.012x Sluice without fairness since session 43; seed 1 0.988), so its
+    pin is a point lower."""
     assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario],
-                          fairness_cost=0.97)
+                          fairness_cost=0.98)
 
 
 def test_every_row_names_the_clients_that_made_it(computed):
