@@ -282,6 +282,18 @@ def badly_named_tenant_partial(requests_topic: str) -> bytes:
     return orjson.dumps(doc)
 
 
+def hostile_tenant_work_partial(requests_topic: str) -> bytes:
+    """A current partial whose per-tenant work counts are negative: merged, a tenant would read negative tokens
+    a request and turn the requests/s ceiling's work ratio upside down while it is listed. Refused whole."""
+    builder = PartialBuilder(f"{requests_topic}/2", 15)
+    builder.fold_request(RequestEvent(**request_event(pool=POOL, event_time=now_ms())))
+    (partial,) = builder.drain("hostile-tenant-work")
+    doc = orjson.loads(partial.to_bytes())
+    (second,) = doc["requests"].values()
+    second |= {"tenant_work": {"acme": [500, -10**12]}}
+    return orjson.dumps(doc)
+
+
 def absurd_partial(requests_topic: str) -> bytes:
     """A current, well-formed partial of the pool whose counts are negative: merged (as it was before partials
     were checked), it takes a billion arrivals and completions out of the pool's window, so its demand and
@@ -306,7 +318,8 @@ def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(lo
     """Bytes that are no event, no partial, no picture and no signal — empty, wrong types, nested 10,000
     deep, 2 MB where the topic takes it (the raw topics; 1 MB on the 1 MiB ones), tombstones and null
     keys, plus a well-formed partial from 2100, one naming a tenant no event could (which, merged, would
-    make routers refuse every signal of the pool) and one with negative counts on the partials topic — on requests, replicas, partials,
+    make routers refuse every signal of the pool) and two with negative counts (the pool's, a tenant's work) on
+    the partials topic — on requests, replicas, partials,
     load and admission, keyed like the overloaded pool. The worker stays up and healthy, every raw and
     admission record is dead-lettered, and the pool's signals go on, fresh and shedding."""
     s = loop_settings
@@ -332,7 +345,8 @@ def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(lo
                 values = [*GARBAGE, None]
                 if spec is topics.PARTIALS:
                     values += [future_partial.to_bytes(), badly_named_tenant_partial(names[topics.REQUESTS]),
-                               absurd_partial(names[topics.REQUESTS])]
+                               absurd_partial(names[topics.REQUESTS]),
+                               hostile_tenant_work_partial(names[topics.REQUESTS])]
                 for value in values:
                     md = await loop.send(name, value, keys[spec])
                     assert not isinstance(md, Exception), (name, value[:40] if value else value, md)
@@ -377,7 +391,7 @@ def test_garbage_on_every_topic_the_worker_reads_costs_records_not_the_worker(lo
     skipped_pictures = log.count(f"skipped a record of {names[topics.LOAD]}")
     worker.stop()
     assert skipped_partials == len(sent_partials) - 1, \
-        "stage 2 skipped each garbage partial, the badly named tenant's and the negative one (and refused 2100's)"
+        "stage 2 skipped each garbage partial, the badly named tenant's and the negative ones (and refused 2100's)"
     assert skipped_pictures == sum(v is not None for v in sent_load), "the fleet view skipped each non-picture"
 
     letters = dead_letter_rows(s)
