@@ -281,26 +281,21 @@ def admission_pressure(picture: Mapping[str, Any], cfg: AdmissionConfig, work: f
     many times an admitted request's work is an offered one's while fair
     shares pick whose requests are admitted (``admitted_work_ratio``).
     """
-    out = 0.0
-    for name in cfg.axes:
-        axis = picture["axes"][name]
-        value = float(axis["pressure"])
-        if name == "demand":
-            admitted = (axis.get("detail") or {}).get("admitted_rps")
-            if admitted is not None:
-                value = pressure(admitted * work, axis["limit"])
-        out = max(out, value)
-    return out
+    return max((_admitted_demand(picture, work) if name == "demand" else float(picture["axes"][name]["pressure"])
+                for name in cfg.axes), default=0.0)
+
+
+def _admitted_demand(picture: Mapping[str, Any], work: float) -> float:
+    """The demand axis's pressure at the admitted rate × ``work`` (its offered pressure where none is read)."""
+    demand = picture["axes"]["demand"]
+    admitted = (demand.get("detail") or {}).get("admitted_rps")
+    return pressure(admitted * work, demand["limit"]) if admitted is not None else float(demand["pressure"])
 
 
 def busy(picture: Mapping[str, Any], work: float = 1.0) -> float:
     """How busy the fleet is with what was admitted: the admitted rate (× ``work``, as in
     ``admission_pressure``), KV cache or compute, whichever is nearest its limit."""
-    demand = picture["axes"]["demand"]
-    admitted = (demand.get("detail") or {}).get("admitted_rps")
-    admitted_pressure = (pressure(admitted * work, demand["limit"]) if admitted is not None
-                         else float(demand["pressure"]))
-    return max(admitted_pressure, replicas_busy(picture))
+    return max(_admitted_demand(picture, work), replicas_busy(picture))
 
 
 def replicas_busy(picture: Mapping[str, Any]) -> float:

@@ -170,22 +170,17 @@ def admitted_work_ratio(rows: Sequence[Mapping[str, Any]], window_s: float) -> f
     """
     finished = sum(float(row.get("finished_rps", 0.0)) for row in rows)
     tokens = sum(float(row.get("finished_tokens_per_s", 0.0)) for row in rows)
-    if not (math.isfinite(finished) and math.isfinite(tokens)) or finished * window_s < MIN_TENANT_FINISHED \
-            or tokens <= 0:
+    if not (finished * window_s >= MIN_TENANT_FINISHED and tokens > 0):   # NaN fails both
         return 1.0
     mean = tokens / finished
-
-    def work(row: Mapping[str, Any]) -> float:
+    rates = []   # (offered, admitted, tokens a request) per row
+    for row in rows:
         done = float(row.get("finished_rps", 0.0))
-        return float(row.get("finished_tokens_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED \
-            else mean
-
-    offered = sum(float(row["offered_rps"]) for row in rows)
-    admitted = sum(float(row["admitted_rps"]) for row in rows)
-    if not (offered > 0 and admitted > 0 and math.isfinite(offered) and math.isfinite(admitted)):
-        return 1.0
-    admitted_work = sum(float(row["admitted_rps"]) * work(row) for row in rows) / admitted
-    offered_work = sum(float(row["offered_rps"]) * work(row) for row in rows) / offered
-    if not (admitted_work > 0 and offered_work > 0 and math.isfinite(admitted_work) and math.isfinite(offered_work)):
-        return 1.0
-    return min(max(admitted_work / offered_work, 1.0 / MAX_WORK_RATIO), MAX_WORK_RATIO)
+        work = float(row.get("finished_tokens_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED else mean
+        rates.append((float(row["offered_rps"]), float(row["admitted_rps"]), work))
+    offered, admitted = sum(r[0] for r in rates), sum(r[1] for r in rates)
+    # (admitted work ÷ admitted) ÷ (offered work ÷ offered), as one quotient: either mean alone can underflow
+    over = sum(a * w for _, a, w in rates) * offered
+    under = sum(o * w for o, _, w in rates) * admitted
+    ratio = over / under if under > 0 else math.nan
+    return min(max(ratio, 1.0 / MAX_WORK_RATIO), MAX_WORK_RATIO) if math.isfinite(ratio) and ratio > 0 else 1.0
