@@ -158,25 +158,29 @@ MAX_WORK_RATIO = 2.0       # how far the tenants' work per request may move the 
 
 def admitted_work_ratio(rows: Sequence[Mapping[str, Any]], window_s: float) -> float:
     """How many times the work of a request admitted is that of one offered (1.0 where unknown), from each
-    tenant's work per request: the prompt and output tokens of its finished attempts over the window.
+    tenant's work per request: the seconds its finished attempts spent in service over the window.
 
     Fair shares change *whose* requests are admitted, and the demand axis's ceiling counts requests. A
-    tenant's requests differ from another's (the noisy neighbour's stretch of the trace had 234 output
-    tokens a request against 129–221), so shedding a heavy tenant and admitting lighter work in its place at
-    the same requests/s left the fleet under-filled: the KV cache at 0.54–0.67 of its limit against
-    0.63–0.81 without fairness. Read as work, the ceiling admits what the pool's level would admit without
-    fairness. A tenant with fewer than ``MIN_TENANT_FINISHED`` finished attempts in the window counts at
-    the pool's mean; the ratio is bounded by ``MAX_WORK_RATIO`` either way (the rows come from partials).
+    tenant's requests differ from another's, so shedding a heavy tenant and admitting lighter work in its
+    place at the same requests/s left the fleet under-filled (the KV cache at 0.54–0.67 of its limit against
+    0.63–0.81 without fairness). Work is read as time in service (duration less queue time): a request holds
+    a batch slot and its KV cache for as long as it decodes, so an output token weighs ten or more times a
+    prompt token: counted as tokens alike, the noisy neighbour's requests read 2% heavier than the others',
+    where they spent 38% longer in service (9.4 s against 6.8 s), and the fleet stayed under-filled. Read as
+    time, the ceiling admits what the pool's level would admit without fairness. Time in service grows with
+    the batch for every tenant alike, which the ratio cancels. A tenant with fewer than
+    ``MIN_TENANT_FINISHED`` finished attempts in the window counts at the pool's mean; the ratio is bounded
+    by ``MAX_WORK_RATIO`` either way (the rows come from partials).
     """
     finished = sum(float(row.get("finished_rps", 0.0)) for row in rows)
-    tokens = sum(float(row.get("finished_tokens_per_s", 0.0)) for row in rows)
-    if not (finished * window_s >= MIN_TENANT_FINISHED and tokens > 0):   # NaN fails both
+    service = sum(float(row.get("service_s_per_s", 0.0)) for row in rows)
+    if not (finished * window_s >= MIN_TENANT_FINISHED and service > 0):   # NaN fails both
         return 1.0
-    mean = tokens / finished
-    rates = []   # (offered, admitted, tokens a request) per row
+    mean = service / finished
+    rates = []   # (offered, admitted, seconds in service a request) per row
     for row in rows:
         done = float(row.get("finished_rps", 0.0))
-        work = float(row.get("finished_tokens_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED else mean
+        work = float(row.get("service_s_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED else mean
         rates.append((float(row["offered_rps"]), float(row["admitted_rps"]), work))
     offered, admitted = sum(r[0] for r in rates), sum(r[1] for r in rates)
     # (admitted work ÷ admitted) ÷ (offered work ÷ offered), as one quotient: either mean alone can underflow

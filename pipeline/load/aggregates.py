@@ -39,8 +39,9 @@ IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
 # per tenant: received, admitted, then received per class (a tenant's class mix: fair shares shed its own
-# lower classes first), then attempts finished (completed or failed) and their tokens, prompt and output (a
-# tenant's work per request: fair shares that shed a heavy tenant admit lighter work in its place)
+# lower classes first), then attempts finished (completed or failed) with a duration and their milliseconds
+# in service, duration less queue time (a tenant's work per request: fair shares that shed a heavy tenant admit
+# lighter work in its place)
 TENANT_CLASS_AT = {name: 2 + i for i, name in enumerate(PRIORITIES)}
 TENANT_WORK_AT = 2 + len(PRIORITIES)
 TENANT_COUNTS = TENANT_WORK_AT + 2
@@ -121,9 +122,10 @@ class RequestAgg:
                 self._censored(e)
             c["input_tokens"] += e.input_tokens or 0
             c["output_tokens"] += e.output_tokens or 0
-            counts = self._tenant(e.tenant)
-            counts[TENANT_WORK_AT] += 1
-            counts[TENANT_WORK_AT + 1] += (e.input_tokens or 0) + (e.output_tokens or 0)
+            if e.duration_s is not None:
+                counts = self._tenant(e.tenant)
+                counts[TENANT_WORK_AT] += 1
+                counts[TENANT_WORK_AT + 1] += round(1000 * max(0.0, e.duration_s - (e.queue_s or 0.0)))
             c["cached_input_tokens"] += e.cached_input_tokens or 0
             if e.queue_s is not None:
                 self._sketch("queue").add(e.queue_s)
@@ -178,7 +180,7 @@ class RequestAgg:
                 out["tenant_classes"] = classes
             work = {name: c[TENANT_WORK_AT:] for name, c in self.tenants.items() if any(c[TENANT_WORK_AT:])}
             if work:
-                out["tenant_work"] = work
+                out["tenant_service"] = work
         return out
 
     def _read_tenants(self, value: Any, key: str, start: int, width: int) -> None:
@@ -207,7 +209,7 @@ class RequestAgg:
                 agg._read_tenants(value, key, 0, 2)
             elif key == "tenant_classes":
                 agg._read_tenants(value, key, 2, len(PRIORITIES))
-            elif key == "tenant_work":
+            elif key == "tenant_service":
                 agg._read_tenants(value, key, TENANT_WORK_AT, TENANT_COUNTS - TENANT_WORK_AT)
             elif key in agg.counts:
                 agg.counts[key] = count(value, key)

@@ -441,7 +441,7 @@ def _tenants(rows: Any) -> None:
             for name in PRIORITIES:
                 _number(_field(by_class, name, NUMBER, "tenants[].offered_rps_by_class"),
                         f"tenants[].offered_rps_by_class.{name}")
-        for name in ("finished_rps", "finished_tokens_per_s"):
+        for name in ("finished_rps", "service_s_per_s"):
             if name in row:
                 _number(_field(row, name, NUMBER, "tenants[]"), f"tenants[].{name}")
 

@@ -35,8 +35,8 @@ def _row(name: str, counts: list[int], fast_s: float) -> dict[str, Any]:
     by_class = {c: counts[TENANT_CLASS_AT[c]] for c in PRIORITIES}
     if any(by_class.values()):   # partials from workers before the per-class counts carry none
         row["offered_rps_by_class"] = {c: finite(n / fast_s) for c, n in by_class.items()}
-    finished, tokens = counts[TENANT_WORK_AT:TENANT_WORK_AT + 2]
-    if finished:   # a tenant's work per request (prompt and output tokens of its finished attempts)
+    finished, service_ms = counts[TENANT_WORK_AT:TENANT_WORK_AT + 2]
+    if finished:   # a tenant's work per request: the seconds its finished attempts spent in service
         row["finished_rps"] = finite(finished / fast_s)
-        row["finished_tokens_per_s"] = finite(tokens / fast_s)
+        row["service_s_per_s"] = finite(service_ms / 1000 / fast_s)
     return row

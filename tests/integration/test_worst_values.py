@@ -283,14 +283,15 @@ def badly_named_tenant_partial(requests_topic: str) -> bytes:
 
 
 def hostile_tenant_work_partial(requests_topic: str) -> bytes:
-    """A current partial whose per-tenant work counts are negative: merged, a tenant would read negative tokens
-    a request and turn the requests/s ceiling's work ratio upside down while it is listed. Refused whole."""
+    """A current partial whose per-tenant work counts are negative: merged, a tenant would read negative seconds
+    in service a request and turn the requests/s ceiling's work ratio upside down while it is listed. Refused
+    whole."""
     builder = PartialBuilder(f"{requests_topic}/2", 15)
     builder.fold_request(RequestEvent(**request_event(pool=POOL, event_time=now_ms())))
     (partial,) = builder.drain("hostile-tenant-work")
     doc = orjson.loads(partial.to_bytes())
     (second,) = doc["requests"].values()
-    second |= {"tenant_work": {"acme": [500, -10**12]}}
+    second |= {"tenant_service": {"acme": [500, -10**12]}}
     return orjson.dumps(doc)
 
 

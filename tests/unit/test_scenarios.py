@@ -65,20 +65,11 @@ def untuned_goals(computed):
     return {line["scenario"]: line for line in check(computed["untuned"])}
 
 
-# scenario → least SLO-goodput vs Sluice without fairness where fairness still costs some: rejections concentrated
-# on the bursting tenant use up its tasks' retries, where rejections spread over every tenant let shed tasks
-# survive into the capacity after the burst (docs/simulator.md, "Fair shares between tenants"). Seeds 1-5 since
-# the requests/s ceiling is read in work while a tenant is listed (session 43): 0.993-1.009 (seed 1 0.997)
-FAIRNESS_COST = {"noisy-neighbour": 0.99}
-
-
-def assert_every_goal_met(line: dict, fairness_cost: float | None = None) -> None:
-    """Every goal, but where fairness still costs some (``FAIRNESS_COST``) that cost is pinned instead."""
-    missed = [f for f in line["failed"].split("; ") if f]
-    if line["scenario"] in FAIRNESS_COST:
-        missed = [f for f in missed if "without fairness" not in f]
-        assert line["vs_unfair"] >= (fairness_cost or FAIRNESS_COST[line["scenario"]]), line
-    assert missed == [], line
+def assert_every_goal_met(line: dict) -> None:
+    """Every goal, fairness's included: SLO-goodput no lower than Sluice without fairness (noisy-neighbour
+    seeds 1-5 since session 44, the requests/s ceiling read in time in service while a tenant is listed:
+    1.016-1.034x, and 1.024-1.043x with clients that ignore Retry-After; seed 1 1.034x and 1.029x)."""
+    assert line["failed"] == "", line
 
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in SHORT_OF])
@@ -113,13 +104,10 @@ def test_goals_hold_on_arrivals_it_was_not_tuned_on(untuned_goals, scenario):
 def test_goals_hold_with_clients_that_ignore_retry_after(computed, scenario):
     """Shed work back on the clients' own 0.5-4 s backoff, up to ten attempts, whatever the retry-after says:
     the spike, the prompt-heavy spike and the noisy neighbour meet every goal as with the scenarios' own
-    clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants within 0.0004 of
-    their run without the burst, the bursting tenant 0.948-0.972 of the refusals since a tenant's level is
-    held for at most the dwell; docs/simulator.md, "Clients that ignore Retry-After"). Fairness's cost
-    spreads wider with them (0.988-1.012x Sluice without fairness since session 43; seed 1 0.988), so its
-    pin is a point lower."""
-    assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario],
-                          fairness_cost=0.98)
+    clients (seeds 1-5: 2.27-2.89x no control, critical 0.991-1.000; the other tenants at their run without
+    the burst, the bursting tenant 0.977-0.990 of the refusals since a tenant's level is held for at most
+    the dwell; docs/simulator.md, "Clients that ignore Retry-After")."""
+    assert_every_goal_met({line["scenario"]: line for line in check(computed["impatient"])}[scenario])
 
 
 def test_every_row_names_the_clients_that_made_it(computed):

@@ -386,50 +386,51 @@ def test_the_rests_hold_lasts_at_most_the_dwell_and_never_outlives_a_levels_move
     assert next_rest_level(1.95, replace(fresh, rest_direction=1), 2.5, tenants, CFG, now)[0] == 1.95, "shedding less"
 
 
-def work_row(tenant, offered, admitted, tokens_per_request, finished_rps=5.0):
+def work_row(tenant, offered, admitted, seconds_per_request, finished_rps=5.0):
     return {"tenant": tenant, "offered_rps": offered, "admitted_rps": admitted, "finished_rps": finished_rps,
-            "finished_tokens_per_s": finished_rps * tokens_per_request}
+            "service_s_per_s": finished_rps * seconds_per_request}
 
 
 def test_shedding_a_heavy_tenant_admits_lighter_work_and_the_ratio_says_how_much():
-    rows = [work_row("heavy", 30, 10, 3000), work_row("light", 10, 10, 1000)]
-    # offered: (30×3000 + 10×1000) / 40 = 2500 tokens a request; admitted: (10×3000 + 10×1000) / 20 = 2000
+    rows = [work_row("heavy", 30, 10, 3.0), work_row("light", 10, 10, 1.0)]
+    # offered: (30×3 + 10×1) / 40 = 2.5 s in service a request; admitted: (10×3 + 10×1) / 20 = 2
     assert admitted_work_ratio(rows, 10.0) == pytest.approx(0.8)
-    rows = [work_row("heavy", 10, 10, 3000), work_row("light", 30, 10, 1000)]   # a light tenant shed: heavier
-    assert admitted_work_ratio(rows, 10.0) == pytest.approx(2000 / 1500)
-    alike = [work_row("a", 30, 10, 1500), work_row("b", 10, 10, 1500)]
+    rows = [work_row("heavy", 10, 10, 3.0), work_row("light", 30, 10, 1.0)]   # a light tenant shed: heavier
+    assert admitted_work_ratio(rows, 10.0) == pytest.approx(2.0 / 1.5)
+    alike = [work_row("a", 30, 10, 1.5), work_row("b", 10, 10, 1.5)]
     assert admitted_work_ratio(alike, 10.0) == pytest.approx(1.0)
 
 
 def test_a_tenant_with_too_few_finished_attempts_counts_at_the_pools_mean_and_none_known_says_nothing():
     few = (MIN_TENANT_FINISHED - 1) / 10.0
-    rows = [work_row("new", 30, 10, 100_000, finished_rps=few), work_row("b", 10, 10, 1000)]
-    mean = (few * 100_000 + 5 * 1000) / (few + 5)   # not 100,000: nine requests say little about a tenant
-    expected = ((10 * mean + 10 * 1000) / 20) / ((30 * mean + 10 * 1000) / 40)
+    rows = [work_row("new", 30, 10, 100.0, finished_rps=few), work_row("b", 10, 10, 1.0)]
+    mean = (few * 100 + 5 * 1) / (few + 5)   # not 100 s: nine requests say little about a tenant
+    expected = ((10 * mean + 10 * 1) / 20) / ((30 * mean + 10 * 1) / 40)
     assert admitted_work_ratio(rows, 10.0) == pytest.approx(expected) and expected > 1 / MAX_WORK_RATIO
-    rows[1] = work_row("b", 10, 10, 1000, finished_rps=few)
+    rows[1] = work_row("b", 10, 10, 1.0, finished_rps=few)
     assert admitted_work_ratio(rows, 10.0) == 1.0
     assert admitted_work_ratio([{"tenant": "a", "offered_rps": 5, "admitted_rps": 1}], 10.0) == 1.0
     assert admitted_work_ratio([], 10.0) == 1.0
-    assert admitted_work_ratio([work_row("a", 0, 0, 1000)], 10.0) == 1.0
+    assert admitted_work_ratio([work_row("a", 0, 0, 1.0)], 10.0) == 1.0
 
 
 @given(st.lists(st.tuples(st.floats(0, 1e6), st.floats(0, 1e6), st.floats(0, 1e9), st.floats(0, 1e4)),
                 min_size=1, max_size=17))
 def test_the_work_ratio_is_bounded_whatever_the_rows_say(values):
     """The rows come from partials: no row moves the requests/s ceiling more than MAX_WORK_RATIO either way."""
-    rows = [{"tenant": f"t{i}", "offered_rps": o, "admitted_rps": a, "finished_tokens_per_s": w, "finished_rps": f}
+    rows = [{"tenant": f"t{i}", "offered_rps": o, "admitted_rps": a, "service_s_per_s": w, "finished_rps": f}
             for i, (o, a, w, f) in enumerate(values)]
     assert 1 / MAX_WORK_RATIO <= admitted_work_ratio(rows, 10.0) <= MAX_WORK_RATIO
 
 
-def with_work(p, rates, fractions_by_tenant, tokens):
-    """``p``'s tenant rows admitted at each tenant's fractions, with each tenant's tokens a finished request."""
+def with_work(p, rates, fractions_by_tenant, seconds):
+    """``p``'s tenant rows admitted at each tenant's fractions, with each tenant's seconds in service a finished
+    request."""
     for row in p["tenants"]:
         fractions = fractions_by_tenant.get(row["tenant"])
         row["admitted_rps"] = (sum(rates[row["tenant"]] * MIX[c] * fractions[c] for c in SHED_ORDER)
                                if fractions else row["offered_rps"])
-        row |= {"finished_rps": 5.0, "finished_tokens_per_s": 5.0 * tokens[row["tenant"]]}
+        row |= {"finished_rps": 5.0, "service_s_per_s": 5.0 * seconds[row["tenant"]]}
     return p
 
 
@@ -440,7 +441,7 @@ def test_while_a_heavy_tenant_is_shed_the_requests_ceiling_is_read_in_the_work_a
     × the admitted work per request ÷ the offered, so the pool's level admits about the work it would
     without fairness. With no tenant listed the rows change nothing."""
     rates = {"noisy": 35.0, "b": 7.0, "c": 7.0, "d": 7.0}
-    tokens = {"noisy": 4000, "b": 1000, "c": 1000, "d": 1000}
+    seconds = {"noisy": 4.0, "b": 1.0, "c": 1.0, "d": 1.0}
     fair = steady(rates)
     assert set(listed(fair)) == {"noisy"}
     now = fair.watermark_ms + TICK
@@ -451,14 +452,14 @@ def test_while_a_heavy_tenant_is_shed_the_requests_ceiling_is_read_in_the_work_a
         return p
 
     plain = decide(over(loaded(now, rates)), fair, CFG, now)
-    weighed = decide(over(with_work(loaded(now, rates), rates, shed, tokens)), fair, CFG, now)
+    weighed = decide(over(with_work(loaded(now, rates), rates, shed, seconds)), fair, CFG, now)
     assert weighed.signal["pressure"] < plain.signal["pressure"] == pytest.approx(1.2)
     assert weighed.shed_level < plain.shed_level
     assert any("work" in r["note"] for r in weighed.signal["reasons"])
     assert not any("work" in r["note"] for r in plain.signal["reasons"])
-    light = {t: 1000 for t in rates}
+    light = {t: 1.0 for t in rates}
     alike = decide(over(with_work(loaded(now, rates), rates, shed, light)), fair, CFG, now)
     assert alike.signal["pressure"] == pytest.approx(plain.signal["pressure"])
     calm = Decision("p", watermark_ms=fair.watermark_ms, last_fresh_ms=fair.last_fresh_ms)   # nobody listed
-    assert (decide(over(with_work(loaded(now, rates), rates, shed, tokens)), calm, CFG, now).signal["pressure"]
+    assert (decide(over(with_work(loaded(now, rates), rates, shed, seconds)), calm, CFG, now).signal["pressure"]
             == pytest.approx(decide(over(loaded(now, rates)), calm, CFG, now).signal["pressure"]))

@@ -94,38 +94,45 @@ def test_a_worker_from_before_the_per_class_counts_still_reads_the_partials():
     assert RequestAgg.from_dict(older).tenants["a"][:2] == [1, 0]
 
 
-def finished(second: int, tenant: str, n: int, prompt: int, output: int) -> RequestEvent:
-    return RequestEvent(**request_event(event_time=second * 1000 + 500, pool="p", tenant=tenant, phase="completed",
+def finished(second: int, tenant: str, n: int, duration: float | None, queue: float | None = None,
+             phase: str = "completed") -> RequestEvent:
+    return RequestEvent(**request_event(event_time=second * 1000 + 500, pool="p", tenant=tenant, phase=phase,
                                         task_id=f"{tenant}-{second}-{n}", request_id=f"{tenant}-{second}-{n}-r",
-                                        input_tokens=prompt, output_tokens=output))
+                                        input_tokens=1000, output_tokens=100, duration_s=duration, queue_s=queue))
 
 
-def test_a_tenants_work_per_request_is_counted_from_its_finished_attempts():
+def test_a_tenants_work_per_request_is_its_finished_attempts_time_in_service():
     """Fair shares change whose requests are admitted, and tenants' requests differ: the picture says each
-    tenant's prompt and output tokens per finished attempt, and the wire carries them under a key an older
-    worker ignores."""
+    tenant's seconds in service (duration less queue time) per finished attempt, completed or failed, and
+    the wire carries them under a key an older worker ignores. An attempt without a duration says nothing
+    about its tenant's work and is not counted."""
     events = []
     for second in range(101, 111):
-        events += [finished(second, "heavy", n, 3000, 400) for n in range(2)]
-        events += [finished(second, "light", n, 500, 100) for n in range(4)]
+        events += [finished(second, "heavy", n, 9.0, queue=1.0) for n in range(2)]
+        events += [finished(second, "light", n, 2.5, queue=0.5) for n in range(3)]
+        events += [finished(second, "light", 3, 1.5, phase="failed"),
+                   finished(second, "light", 4, None)]
     rows = {r["tenant"]: r for r in picture_of(events)["tenants"]}
-    assert rows["heavy"]["finished_tokens_per_s"] / rows["heavy"]["finished_rps"] == pytest.approx(3400)
-    assert rows["light"]["finished_tokens_per_s"] / rows["light"]["finished_rps"] == pytest.approx(600)
+    assert rows["heavy"]["service_s_per_s"] / rows["heavy"]["finished_rps"] == pytest.approx(8.0)
+    assert rows["light"]["service_s_per_s"] / rows["light"]["finished_rps"] == pytest.approx(7.5 / 4)
     assert rows["light"]["finished_rps"] == pytest.approx(2 * rows["heavy"]["finished_rps"])
     assert not list(reference("load_picture").iter_errors(picture_of(events)))
     agg = RequestAgg()
-    agg.fold(finished(100, "a", 0, 1000, 100))
+    agg.fold(finished(100, "a", 0, 3.25, queue=4.0))   # a queue time above the duration counts as none in service
+    agg.fold(finished(100, "a", 1, 3.25, queue=0.25))
     wire = agg.to_dict()
-    assert wire["tenant_work"] == {"a": [1, 1100]}
+    assert wire["tenant_service"] == {"a": [2, 3000]}
     assert RequestAgg.from_dict(wire).tenants["a"] == agg.tenants["a"]
-    older = {k: v for k, v in wire.items() if k != "tenant_work"}   # from a worker before the work counts
+    older = {k: v for k, v in wire.items() if k != "tenant_service"}   # from a worker before the service counts
     assert RequestAgg.from_dict(older).tenants["a"][-2:] == [0, 0]
+    stale = older | {"tenant_work": {"a": [2, 2200]}}   # session 43's token counts, read by nobody now
+    assert RequestAgg.from_dict(stale).tenants["a"][-2:] == [0, 0]
 
 
 @pytest.mark.parametrize("hostile", [{"a": [1]}, {"a": [1, 2, 3]}, {"a": [1, -5]}, {"a": [1, 1.5]}, [1, 2]])
-def test_tenant_work_counts_of_the_wrong_shape_refuse_the_partial(hostile):
+def test_tenant_service_counts_of_the_wrong_shape_refuse_the_partial(hostile):
     with pytest.raises(ValueError):
-        RequestAgg.from_dict({"received": 1, "tenant_work": hostile})
+        RequestAgg.from_dict({"received": 1, "tenant_service": hostile})
 
 
 @pytest.mark.parametrize("hostile", [{"a": [1, 2, 3]}, {"a": [0, 0, 0, 0, 0]}, {"a": [0, -1, 0, 0]}, [1, 2, 3, 4]])
@@ -139,7 +146,7 @@ def test_per_class_tenant_counts_of_the_wrong_shape_refuse_the_partial(hostile):
     ([{"tenant": "a", "offered_rps": -1, "admitted_rps": 1}], "negative"),
     ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "offered_rps_by_class": {"critical": 1}}], "has no standard"),
     ([{"tenant": "a", "offered_rps": "1", "admitted_rps": 1}], "number"),
-    ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "finished_tokens_per_s": -1}], "negative"),
+    ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "service_s_per_s": -1}], "negative"),
     ([{"tenant": "a", "offered_rps": 1, "admitted_rps": 1, "finished_rps": None}], "number")])
 def test_a_picture_whose_tenants_the_policy_could_trip_on_is_refused_by_its_readers(rows, why):
     """Any worker reads every picture of the load topic: tenant rows the fair shares read are checked too."""
