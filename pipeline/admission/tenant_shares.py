@@ -163,25 +163,23 @@ def admitted_work_ratio(rows: Sequence[Mapping[str, Any]], window_s: float) -> f
     Fair shares change *whose* requests are admitted, and the demand axis's ceiling counts requests. A
     tenant's requests differ from another's, so shedding a heavy tenant and admitting lighter work in its
     place at the same requests/s left the fleet under-filled (the KV cache at 0.54–0.67 of its limit against
-    0.63–0.81 without fairness). Work is read as time in service (duration less queue time): a request holds
-    a batch slot and its KV cache for as long as it decodes, so an output token weighs ten or more times a
-    prompt token: counted as tokens alike, the noisy neighbour's requests read 2% heavier than the others',
-    where they spent 38% longer in service (9.4 s against 6.8 s), and the fleet stayed under-filled. Read as
-    time, the ceiling admits what the pool's level would admit without fairness. Time in service grows with
-    the batch for every tenant alike, which the ratio cancels. A tenant with fewer than
-    ``MIN_TENANT_FINISHED`` finished attempts in the window counts at the pool's mean; the ratio is bounded
-    by ``MAX_WORK_RATIO`` either way (the rows come from partials).
+    0.63–0.81 without fairness). The ceiling stands for how many requests the fleet can hold at once (its
+    batch slots and KV cache), and requests held = requests/s × the time each is held; so work is time in
+    service (duration less queue time, prefill and decode). Counted in tokens instead (session 43), the
+    noisy neighbour's requests read 2% heavier than the others' where they spent 38% longer in service
+    (9.4 s against 6.8 s: longer outputs), and the fleet stayed under-filled. Time in service grows with the
+    batch for every tenant alike, which the ratio cancels. A tenant with fewer than ``MIN_TENANT_FINISHED``
+    finished attempts in the window counts at the pool's mean; the ratio is bounded by ``MAX_WORK_RATIO``
+    either way (the rows come from partials).
     """
-    finished = sum(float(row.get("finished_rps", 0.0)) for row in rows)
-    service = sum(float(row.get("service_s_per_s", 0.0)) for row in rows)
+    read = [(float(row["offered_rps"]), float(row["admitted_rps"]), float(row.get("finished_rps", 0.0)),
+             float(row.get("service_s_per_s", 0.0))) for row in rows]
+    finished, service = sum(r[2] for r in read), sum(r[3] for r in read)
     if not (finished * window_s >= MIN_TENANT_FINISHED and service > 0):   # NaN fails both
         return 1.0
     mean = service / finished
-    rates = []   # (offered, admitted, seconds in service a request) per row
-    for row in rows:
-        done = float(row.get("finished_rps", 0.0))
-        work = float(row.get("service_s_per_s", 0.0)) / done if done * window_s >= MIN_TENANT_FINISHED else mean
-        rates.append((float(row["offered_rps"]), float(row["admitted_rps"]), work))
+    # (offered, admitted, seconds in service a request) per row
+    rates = [(o, a, s / done if done * window_s >= MIN_TENANT_FINISHED else mean) for o, a, done, s in read]
     offered, admitted = sum(r[0] for r in rates), sum(r[1] for r in rates)
     # (admitted work ÷ admitted) ÷ (offered work ÷ offered), as one quotient: either mean alone can underflow
     over = sum(a * w for _, a, w in rates) * offered

@@ -39,9 +39,9 @@ IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 MAX_TENANTS = 64            # tenants counted by name per pool-second; the rest together, as OTHER_TENANTS
 OTHER_TENANTS = "(other)"   # not a valid tenant name (the schema's pattern), so it never collides with one
 # per tenant: received, admitted, then received per class (a tenant's class mix: fair shares shed its own
-# lower classes first), then attempts finished (completed or failed) with a duration and their milliseconds
-# in service, duration less queue time (a tenant's work per request: fair shares that shed a heavy tenant admit
-# lighter work in its place)
+# lower classes first), then its work: attempts finished (completed or failed) with a duration, and their
+# time in service, duration less queue time, in whole milliseconds since partials carry integer counts (a
+# tenant's work per request: fair shares that shed a heavy tenant admit lighter work in its place)
 TENANT_CLASS_AT = {name: 2 + i for i, name in enumerate(PRIORITIES)}
 TENANT_WORK_AT = 2 + len(PRIORITIES)
 TENANT_COUNTS = TENANT_WORK_AT + 2
@@ -59,7 +59,7 @@ class RequestAgg:
         self.counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.sketches: dict[str, QuantileSketch] = {}
         # tenant → [attempts received, attempts admitted, received per class in PRIORITIES' order, attempts
-        # finished, their prompt and output tokens]
+        # finished with a duration, their milliseconds in service]
         self.tenants: dict[str, list[int]] = {}
 
     def _tenant(self, name: str) -> list[int]:
@@ -122,10 +122,12 @@ class RequestAgg:
                 self._censored(e)
             c["input_tokens"] += e.input_tokens or 0
             c["output_tokens"] += e.output_tokens or 0
-            if e.duration_s is not None:
+            # an attempt queued longer than it lasted contradicts itself: it says nothing of its tenant's work
+            service = None if e.duration_s is None else e.duration_s - (e.queue_s or 0.0)
+            if service is not None and service >= 0:
                 counts = self._tenant(e.tenant)
                 counts[TENANT_WORK_AT] += 1
-                counts[TENANT_WORK_AT + 1] += round(1000 * max(0.0, e.duration_s - (e.queue_s or 0.0)))
+                counts[TENANT_WORK_AT + 1] += round(1000 * service)
             c["cached_input_tokens"] += e.cached_input_tokens or 0
             if e.queue_s is not None:
                 self._sketch("queue").add(e.queue_s)
@@ -171,7 +173,7 @@ class RequestAgg:
         for name, sketch in self.sketches.items():
             out["q_" + name] = sketch.to_dict()
         if self.tenants:
-            # two keys, so that a worker from before the per-class counts (which reads "tenants" as
+            # a key per kind of count, so that a worker from before one (which reads "tenants" as
             # [received, admitted] and ignores keys it does not know) keeps reading these partials while
             # workers are rolled one at a time, and a rolled-back one reads the stored ones
             out["tenants"] = {name: c[:2] for name, c in self.tenants.items()}

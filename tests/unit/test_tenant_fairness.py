@@ -412,6 +412,9 @@ def test_a_tenant_with_too_few_finished_attempts_counts_at_the_pools_mean_and_no
     assert admitted_work_ratio([{"tenant": "a", "offered_rps": 5, "admitted_rps": 1}], 10.0) == 1.0
     assert admitted_work_ratio([], 10.0) == 1.0
     assert admitted_work_ratio([work_row("a", 0, 0, 1.0)], 10.0) == 1.0
+    older = [{"tenant": t, "offered_rps": o, "admitted_rps": 10, "finished_rps": 5.0, "finished_tokens_per_s": w}
+             for t, o, w in (("heavy", 30, 15_000), ("light", 10, 5000))]   # rows of session 43's workers
+    assert admitted_work_ratio(older, 10.0) == 1.0
 
 
 @given(st.lists(st.tuples(st.floats(0, 1e6), st.floats(0, 1e6), st.floats(0, 1e9), st.floats(0, 1e4)),

@@ -118,8 +118,9 @@ def test_a_tenants_work_per_request_is_its_finished_attempts_time_in_service():
     assert rows["light"]["finished_rps"] == pytest.approx(2 * rows["heavy"]["finished_rps"])
     assert not list(reference("load_picture").iter_errors(picture_of(events)))
     agg = RequestAgg()
-    agg.fold(finished(100, "a", 0, 3.25, queue=4.0))   # a queue time above the duration counts as none in service
+    agg.fold(finished(100, "a", 0, 3.25, queue=4.0))   # queued longer than it lasted: says nothing, not counted
     agg.fold(finished(100, "a", 1, 3.25, queue=0.25))
+    agg.fold(finished(100, "a", 2, 3.25, queue=3.25))
     wire = agg.to_dict()
     assert wire["tenant_service"] == {"a": [2, 3000]}
     assert RequestAgg.from_dict(wire).tenants["a"] == agg.tenants["a"]
