@@ -3,8 +3,9 @@ RouterClient obeying the signals — asserting on the decisions routers get and 
 
 The agent tests (tests/agent) check the same worst values against in-memory collaborators; here each one has
 to get through Kafka (record sizes, timestamps, compaction, Faust's changelog recovery) and chdb (its own
-refusals) as well. Every test but the timestamp one keeps a pool (``hot``) overloaded and requires its signals
-to stay fresh and shedding while the worst values go by.
+refusals) as well. Every test but the timestamp one keeps a pool (``hot``) overloaded (or, for the tenants'
+forged durations, busy and offered more than it holds) and requires its signals to stay fresh and shedding
+while the worst values go by.
 """
 
 from __future__ import annotations
@@ -886,3 +887,113 @@ def test_events_naming_another_pools_model_cannot_make_a_pool_its_redirect_targe
     signals = run(scenario())
     assert worker.proc.poll() is None and healthy(worker.base_url)
     print(f"\n{signals} shedding signals without a redirect to a pool with 10 of 310 events naming the model")
+
+
+
+# 9 -----------------------------------------------------------------------------------------------------------
+
+LOUD, QUIET = "loud", "quiet"
+MAX_DURATION_S = 86_400.0   # the contract's largest duration_s
+WORK_BOUND = 2.0            # tenant_shares.MAX_WORK_RATIO, as the signal's reasons must show it
+# per 0.5 s: loud offers 40 standard requests/s, quiet 8; the routers report a few admitted and completed
+ROUTED = {LOUD: {"received": 20, "admitted": 1, "completed": 1}, QUIET: {"received": 4, "admitted": 2, "completed": 1}}
+
+
+class BusyLoop(ShedLoop):
+    """``hot`` with its KV cache at 0.95 of its limit and nothing waiting: busy, under its target, so the trim
+    holds and the feed-forward alone sets the level (the offered load over the profile's capacity)."""
+
+    async def _fleet(self) -> None:
+        topic = topics.REPLICAS.name(self.s)
+        while True:
+            for replica in REPLICAS:
+                sample = overloaded_sample(replica, now_ms(), 0) | {"requests_waiting": 0,
+                                                                    "kv_cache_usage": 0.95 * 0.9}
+                await self.producer.send(topic, orjson.dumps(sample), key=replica.encode())
+            await asyncio.sleep(0.25)  # the fleet's sampling interval, not a synchronisation
+
+
+def routed_events(tenant: str, duration_s: float, n: int) -> list[dict]:
+    """One pump tick of a tenant's router events in ``hot`` (``ROUTED``): each completion ``duration_s`` long
+    with no queue time."""
+    out = []
+    for phase, count in ROUTED[tenant].items():
+        for i in range(count):
+            task = f"{tenant}-{n}-{phase}-{i}"
+            event = request_event(event_time=now_ms(), pool=POOL, tenant=tenant, task_id=task,
+                                  request_id=f"{task}-r1", phase=phase)
+            if phase == "completed":
+                event |= {"duration_s": duration_s, "queue_s": 0.0}
+            else:
+                event = {k: v for k, v in event.items() if k in (
+                    "schema_version", "event_id", "event_time", "task_id", "request_id", "attempt", "tenant",
+                    "priority", "pool", "model", "phase")}
+            out.append(event)
+    return out
+
+
+def work_reasons(signals: list[dict]) -> list[float]:
+    """The work ratios the signals gave as a reason (a tenant listed: an admitted request's work ÷ an offered
+    one's)."""
+    return [r["value"] for s in signals for r in s.get("reasons", ())
+            if r["axis"] == "demand" and "tenants listed" in r.get("note", "")]
+
+
+def test_a_router_forging_a_listed_tenants_durations_moves_the_ceiling_at_most_twofold(loop_settings,
+                                                                                      worker_factory):
+    """While a tenant is listed, the requests/s ceiling reads the admitted rate × how many times an admitted
+    request's work (its tenant's seconds in service a request) is an offered one's. Durations come from the
+    routers, so a router (a bug, or a hostile principal) can claim any the contract allows. ``hot`` is busy
+    and offered more than its profile's capacity; ``loud`` offers 40 requests/s and is listed, ``quiet`` 8.
+    Then every completion of one tenant claims the contract's longest duration (a day), the other's a second:
+
+    - ``loud``'s claimed: the offered requests read several times heavier than the admitted, and the ceiling
+      would let the pool admit that many times what its profile holds;
+    - ``quiet``'s claimed: the admitted read four times heavier, and the pool would shed for a fleet four
+      times busier.
+
+    The signals must give the bound (½, then 2) as the reason, never past it, and the pool must go on shedding
+    with fresh signals throughout: a forged duration moves the ceiling at most 2× either way and never
+    switches shedding off. (A 10 s fast window: over 2 s a tenant's count is too noisy to list it.)"""
+    s = replace(loop_settings, fast_window_s=10.0)
+    worker, requests_topic, _ = started_worker(s, worker_factory)
+    claims = {"heavy": ""}
+
+    async def scenario():
+        async with BusyLoop(s) as loop:
+            async def routers():
+                for n in range(10**6):
+                    events = [e for tenant in ROUTED for e in routed_events(
+                        tenant, MAX_DURATION_S if tenant == claims["heavy"] else 1.0, n)]
+                    for event in events:
+                        await loop.producer.send(requests_topic, orjson.dumps(event), key=event["task_id"].encode())
+                    await asyncio.sleep(0.5)  # the routers' pace, not a synchronisation
+
+            def listed() -> tuple[str, ...]:
+                signal = loop.router.book.signals.get(POOL) or {}
+                return tuple(e["tenant"] for e in signal.get("tenant_admit_fraction", ()))
+
+            pump = asyncio.create_task(routers())
+            try:
+                await loop.shedding()
+                await until(lambda: listed() == (LOUD,), 45, f"{LOUD} alone to be listed")
+                seen = {}
+                for heavy, bound in ((LOUD, 1 / WORK_BOUND), (QUIET, WORK_BOUND)):
+                    claims["heavy"] = heavy
+                    since = now_ms()
+                    await until(lambda: bound in work_reasons([x for x in loop.signals if x["issued_at"] >= since]),
+                                30, f"the signals to read {heavy}'s claimed durations at the bound {bound}")
+                    window = await loop.keeps_shedding(since)
+                    seen[heavy] = (work_reasons(window), listed())
+                return seen
+            finally:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+
+    seen = run(scenario())
+    for heavy, (ratios, _) in seen.items():
+        assert ratios and all(1 / WORK_BOUND <= r <= WORK_BOUND for r in ratios), (heavy, ratios)
+    assert metric(worker, "sluice_control_events_total", outcome="dead_lettered") == 0, "the claims are valid events"
+    print(f"\nforged durations of a listed tenant: {LOUD}'s claimed, work ratios {sorted(set(seen[LOUD][0]))}; "
+          f"{QUIET}'s claimed, {sorted(set(seen[QUIET][0]))}, listed {seen[QUIET][1]}; {POOL} shedding with "
+          f"fresh signals throughout")
