@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline import topics
 from pipeline.events import MAX_SOURCE_TIMESTAMP_MS, ReplicaSample, RequestEvent
 from pipeline.load.partial import PartialBuilder
+from pipeline.load.profiles import BUILTIN
 from pipeline.router import Admit, Request, RouterClient
 from pipeline.sim.specimens import replica_sample, request_event
 from pipeline.sinks.store import open_store
@@ -143,24 +144,33 @@ class ShedLoop:
     async def shedding(self, timeout_s: float = 45) -> None:
         await until(lambda: (self.sheddable() or 1.0) < 1.0, timeout_s, f"{POOL} to shed sheddable work")
 
-    async def keeps_shedding(self, since_ms: int, hold_s: float = HOLD_S) -> list[dict]:
+    async def keeps_shedding(self, since_ms: int, hold_s: float = HOLD_S,
+                             request: Request = Request(POOL, "sheddable")) -> list[dict]:
         """Wait for ``hold_s`` of signals issued after ``since_ms``; every one must be fresh (not ``stale``)
-        and shedding, the seq must advance with no gap a router would see as silence, and the router must
-        refuse sheddable work."""
+        and shed ``request``'s class (for its tenant, if it names one), the seq must advance with no gap a
+        router would see as silence, and the router must refuse most such requests."""
         await until(lambda: self.signals and self.signals[-1]["issued_at"] >= since_ms + hold_s * 1000,
                     hold_s + 30, f"{hold_s:.1f}s of {POOL}'s signals after the worst values")
         window = [s for s in self.signals if s["issued_at"] >= since_ms]
-        summary = [(s["seq"], s["state"], s["admit_fraction"]["sheddable"]) for s in window]
+
+        def admitted(signal: dict) -> float:
+            fraction = signal["admit_fraction"][request.priority]
+            for entry in signal.get("tenant_admit_fraction", ()):
+                if entry["tenant"] == request.tenant:
+                    fraction = min(fraction, entry["admit_fraction"][request.priority])
+            return fraction
+
+        summary = [(s["seq"], s["state"], admitted(s)) for s in window]
         assert all(s["state"] != "stale" for s in window), f"{POOL} went stale: {summary}"
-        assert all(s["admit_fraction"]["sheddable"] < 1.0 for s in window), f"{POOL} stopped shedding: {summary}"
+        assert all(admitted(s) < 1.0 for s in window), f"{POOL} stopped shedding: {summary}"
         seqs = [s["seq"] for s in window]
         assert seqs == sorted(set(seqs)) and len(seqs) >= 3, summary
         issued = [s["issued_at"] for s in window]
         gaps = [b - a for a, b in zip(issued, issued[1:])]
         assert max(gaps) <= 3 * self.s.heartbeat_s * 1000, f"silences of {max(gaps)} ms between signals"
         assert self.router.book.signals[POOL]["valid_until"] > now_ms(), "the router holds no valid signal"
-        verdicts = [self.router.decide(Request(POOL, "sheddable")) for _ in range(200)]
-        assert sum(not isinstance(v, Admit) for v in verdicts) > 100, "the router admits sheddable work"
+        verdicts = [self.router.decide(request) for _ in range(200)]
+        assert sum(not isinstance(v, Admit) for v in verdicts) > 100, f"the router admits {request}"
         return window
 
 
@@ -907,8 +917,8 @@ class BusyLoop(ShedLoop):
         topic = topics.REPLICAS.name(self.s)
         while True:
             for replica in REPLICAS:
-                sample = overloaded_sample(replica, now_ms(), 0) | {"requests_waiting": 0,
-                                                                    "kv_cache_usage": 0.95 * 0.9}
+                sample = overloaded_sample(replica, now_ms(), 0) | {
+                    "requests_waiting": 0, "kv_cache_usage": 0.95 * BUILTIN[self.s.default_profile].kv_limit}
                 await self.producer.send(topic, orjson.dumps(sample), key=replica.encode())
             await asyncio.sleep(0.25)  # the fleet's sampling interval, not a synchronisation
 
@@ -983,7 +993,9 @@ def test_a_router_forging_a_listed_tenants_durations_moves_the_ceiling_at_most_t
                     since = now_ms()
                     await until(lambda: bound in work_reasons([x for x in loop.signals if x["issued_at"] >= since]),
                                 30, f"the signals to read {heavy}'s claimed durations at the bound {bound}")
-                    window = await loop.keeps_shedding(since)
+                    # fairness gives back to everyone else what the listed tenant's own level sheds, so what
+                    # must stay shed is the listed tenant's work
+                    window = await loop.keeps_shedding(since, request=Request(POOL, "standard", tenant=LOUD))
                     seen[heavy] = (work_reasons(window), listed())
                 return seen
             finally:
