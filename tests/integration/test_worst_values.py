@@ -11,6 +11,7 @@ while the worst values go by.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import base64
 import re
@@ -147,8 +148,9 @@ class ShedLoop:
     async def keeps_shedding(self, since_ms: int, hold_s: float = HOLD_S,
                              request: Request = Request(POOL, "sheddable")) -> list[dict]:
         """Wait for ``hold_s`` of signals issued after ``since_ms``; every one must be fresh (not ``stale``)
-        and shed ``request``'s class (for its tenant, if it names one), the seq must advance with no gap a
-        router would see as silence, and the router must refuse most such requests."""
+        and shed ``request``'s class of new work (for its tenant, if it names one), the seq must advance with
+        no gap a router would see as silence, and the router must refuse most such requests."""
+        assert not request.continuing, "reads the fractions of new work"
         await until(lambda: self.signals and self.signals[-1]["issued_at"] >= since_ms + hold_s * 1000,
                     hold_s + 30, f"{hold_s:.1f}s of {POOL}'s signals after the worst values")
         window = [s for s in self.signals if s["issued_at"] >= since_ms]
@@ -899,13 +901,14 @@ def test_events_naming_another_pools_model_cannot_make_a_pool_its_redirect_targe
     print(f"\n{signals} shedding signals without a redirect to a pool with 10 of 310 events naming the model")
 
 
-
 # 9 -----------------------------------------------------------------------------------------------------------
 
 LOUD, QUIET = "loud", "quiet"
 MAX_DURATION_S = 86_400.0   # the contract's largest duration_s
 WORK_BOUND = 2.0            # tenant_shares.MAX_WORK_RATIO, as the signal's reasons must show it
-# per 0.5 s: loud offers 40 standard requests/s, quiet 8; the routers report a few admitted and completed
+# per 0.5 s: loud offers 40 standard requests/s and quiet 8; the routers report loud's 2 admitted a second and
+# quiet's 4 (the demand axis at 0.3 of the profile's 20 requests/s), and 2 completions a second each: 20 in a
+# 10 s window, past MIN_TENANT_FINISHED, so each tenant's own seconds in service count
 ROUTED = {LOUD: {"received": 20, "admitted": 1, "completed": 1}, QUIET: {"received": 4, "admitted": 2, "completed": 1}}
 
 
@@ -957,24 +960,27 @@ def test_a_router_forging_a_listed_tenants_durations_moves_the_ceiling_at_most_t
     and offered more than its profile's capacity; ``loud`` offers 40 requests/s and is listed, ``quiet`` 8.
     Then every completion of one tenant claims the contract's longest duration (a day), the other's a second:
 
-    - ``loud``'s claimed: the offered requests read several times heavier than the admitted, and the ceiling
-      would let the pool admit that many times what its profile holds;
-    - ``quiet``'s claimed: the admitted read four times heavier, and the pool would shed for a fleet four
-      times busier.
+    - ``loud``'s claimed: the offered requests read 2.5× heavier than the admitted (ratio 0.40), and the
+      ceiling would let the pool admit 2.5 times what its profile holds;
+    - ``quiet``'s claimed: the admitted read 4× heavier (ratio 4.0), and the pool would shed for a fleet four
+      times busier: its pressure would read 0.3 × 4 = 1.2, where the KV cache reads 0.95.
 
-    The signals must give the bound (½, then 2) as the reason, never past it, and the pool must go on shedding
-    with fresh signals throughout: a forged duration moves the ceiling at most 2× either way and never
-    switches shedding off. (A 10 s fast window: over 2 s a tenant's count is too noisy to list it.)"""
+    The signals must give the bound (½, then 2) as the reason, and at 2 the pressure must stay the KV cache's
+    (under 1); the listed tenant's work must stay shed with fresh signals throughout: a forged duration
+    moves the ceiling at most 2× either way and never switches shedding off. A 10 s fast window: over 2 s
+    the tenants' counts are too noisy to list one, and a tenant finishing fewer than MIN_TENANT_FINISHED
+    attempts in the window counts at the pool's mean."""
     s = replace(loop_settings, fast_window_s=10.0)
     worker, requests_topic, _ = started_worker(s, worker_factory)
-    claims = {"heavy": ""}
+    heavy = ""   # the tenant whose completions claim a day
 
     async def scenario():
+        nonlocal heavy
         async with BusyLoop(s) as loop:
             async def routers():
-                for n in range(10**6):
+                for n in itertools.count():
                     events = [e for tenant in ROUTED for e in routed_events(
-                        tenant, MAX_DURATION_S if tenant == claims["heavy"] else 1.0, n)]
+                        tenant, MAX_DURATION_S if tenant == heavy else 1.0, n)]
                     for event in events:
                         await loop.producer.send(requests_topic, orjson.dumps(event), key=event["task_id"].encode())
                     await asyncio.sleep(0.5)  # the routers' pace, not a synchronisation
@@ -985,27 +991,27 @@ def test_a_router_forging_a_listed_tenants_durations_moves_the_ceiling_at_most_t
 
             pump = asyncio.create_task(routers())
             try:
-                await loop.shedding()
                 await until(lambda: listed() == (LOUD,), 45, f"{LOUD} alone to be listed")
                 seen = {}
                 for heavy, bound in ((LOUD, 1 / WORK_BOUND), (QUIET, WORK_BOUND)):
-                    claims["heavy"] = heavy
                     since = now_ms()
                     await until(lambda: bound in work_reasons([x for x in loop.signals if x["issued_at"] >= since]),
                                 30, f"the signals to read {heavy}'s claimed durations at the bound {bound}")
                     # fairness gives back to everyone else what the listed tenant's own level sheds, so what
-                    # must stay shed is the listed tenant's work
-                    window = await loop.keeps_shedding(since, request=Request(POOL, "standard", tenant=LOUD))
-                    seen[heavy] = (work_reasons(window), listed())
+                    # must stay shed is the listed tenant's work; held from the first signal at the bound
+                    window = await loop.keeps_shedding(now_ms(), request=Request(POOL, "standard", tenant=LOUD))
+                    seen[heavy] = (work_reasons([x for x in loop.signals if x["issued_at"] >= since]),
+                                   [x["pressure"] for x in window], listed())
                 return seen
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
 
     seen = run(scenario())
-    for heavy, (ratios, _) in seen.items():
-        assert ratios and all(1 / WORK_BOUND <= r <= WORK_BOUND for r in ratios), (heavy, ratios)
+    for claimant, (ratios, _, _) in seen.items():
+        assert ratios and all(1 / WORK_BOUND <= r <= WORK_BOUND for r in ratios), (claimant, ratios)
+    assert max(seen[QUIET][1]) < 1.0, f"the claims moved the pressure past the KV cache's: {seen[QUIET][1]}"
     assert metric(worker, "sluice_control_events_total", outcome="dead_lettered") == 0, "the claims are valid events"
     print(f"\nforged durations of a listed tenant: {LOUD}'s claimed, work ratios {sorted(set(seen[LOUD][0]))}; "
-          f"{QUIET}'s claimed, {sorted(set(seen[QUIET][0]))}, listed {seen[QUIET][1]}; {POOL} shedding with "
-          f"fresh signals throughout")
+          f"{QUIET}'s claimed, {sorted(set(seen[QUIET][0]))}, pressure at most {max(seen[QUIET][1])}, listed "
+          f"{seen[QUIET][2]}; {LOUD}'s work shed with fresh signals throughout")
