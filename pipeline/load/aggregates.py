@@ -123,10 +123,10 @@ class RequestAgg:
             c["input_tokens"] += e.input_tokens or 0
             c["output_tokens"] += e.output_tokens or 0
             # an attempt queued longer than it lasted contradicts itself: it says nothing of its tenant's work
-            if e.duration_s is not None and e.duration_s >= (e.queue_s or 0.0):
+            if e.duration_s is not None and (in_service := e.duration_s - (e.queue_s or 0.0)) >= 0:
                 counts = self._tenant(e.tenant)
                 counts[TENANT_WORK_AT] += 1
-                counts[TENANT_WORK_AT + 1] += round(1000 * (e.duration_s - (e.queue_s or 0.0)))
+                counts[TENANT_WORK_AT + 1] += round(1000 * in_service)
             c["cached_input_tokens"] += e.cached_input_tokens or 0
             if e.queue_s is not None:
                 self._sketch("queue").add(e.queue_s)

@@ -194,6 +194,16 @@ def dead_letter_rows(settings, where: str = "1") -> list[dict]:
         store.close()
 
 
+# what a router's event carries before its attempt ends (received, admitted): no outcome, tokens out or timings
+UNENDED_FIELDS = ("schema_version", "event_id", "event_time", "task_id", "request_id", "attempt", "tenant",
+                  "priority", "pool", "model", "phase", "input_tokens")
+
+
+def unended_event(**changes) -> dict:
+    """A request event of an attempt not yet ended: the specimen with ``changes``, cut to ``UNENDED_FIELDS``."""
+    return {k: v for k, v in request_event(**changes).items() if k in UNENDED_FIELDS}
+
+
 # 1 -----------------------------------------------------------------------------------------------------------
 
 def test_events_from_the_future_are_dead_lettered_and_a_shedding_pool_keeps_shedding(loop_settings,
@@ -804,11 +814,9 @@ def test_a_router_claiming_absurd_prompt_sizes_cannot_shrink_the_budget(settings
         while clock["now"] < CLAIM_TO_S:
             for _ in range(CLAIM_BURST if clock["now"] >= CLAIM_FROM_S else 0):
                 n += 1
-                event = {k: v for k, v in request_event(
-                    event_time=now_ms(), task_id=f"claim-{n}", request_id=f"claim-{n}-s0", pool=SIM_POOL,
-                    model=f"model-{SIM_POOL}", phase="received", input_tokens=10_000_000).items()
-                    if k in ("schema_version", "event_id", "event_time", "task_id", "request_id", "attempt",
-                             "tenant", "priority", "pool", "model", "phase", "input_tokens")}
+                event = unended_event(event_time=now_ms(), task_id=f"claim-{n}", request_id=f"claim-{n}-s0",
+                                      pool=SIM_POOL, model=f"model-{SIM_POOL}", phase="received",
+                                      input_tokens=10_000_000)
                 await (await producer.send(topic, orjson.dumps(event), key=event["task_id"].encode()))
             await asyncio.sleep(CLAIM_EVERY_S)   # the claims' pace, not a synchronisation
 
@@ -933,15 +941,10 @@ def routed_events(tenant: str, duration_s: float, n: int) -> list[dict]:
     for phase, count in ROUTED[tenant].items():
         for i in range(count):
             task = f"{tenant}-{n}-{phase}-{i}"
-            event = request_event(event_time=now_ms(), pool=POOL, tenant=tenant, task_id=task,
-                                  request_id=f"{task}-r1", phase=phase)
-            if phase == "completed":
-                event |= {"duration_s": duration_s, "queue_s": 0.0}
-            else:
-                event = {k: v for k, v in event.items() if k in (
-                    "schema_version", "event_id", "event_time", "task_id", "request_id", "attempt", "tenant",
-                    "priority", "pool", "model", "phase")}
-            out.append(event)
+            fields = dict(event_time=now_ms(), pool=POOL, tenant=tenant, task_id=task, request_id=f"{task}-r1",
+                          phase=phase)
+            out.append(request_event(**fields, duration_s=duration_s, queue_s=0.0) if phase == "completed"
+                       else unended_event(**fields))
     return out
 
 
